@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class PoolConfig(AppConfig):
+    name = "pool"
+    verbose_name = "Voice pipeline pool"
+    default_auto_field = "django.db.models.BigAutoField"

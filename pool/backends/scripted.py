@@ -1,0 +1,75 @@
+"""The scripted test backend: real Silero VAD, scripted STT, LLM and TTS.
+
+For fast tests where a real model is not the point. Nothing here pretends to be a model: the STT
+returns ``SCRIPT.transcript``, the LLM streams ``SCRIPT.reply`` word by word, and the TTS returns a
+tone whose length follows the text. ``SCRIPT.wedge`` (a threading.Event) blocks the LLM stage while
+set, to test drains that never finish. Tests change ``SCRIPT`` and call ``SCRIPT.reset()`` after.
+"""
+
+import threading
+import time
+
+import numpy as np
+
+from . import Backends
+from .tts import OPENAI_VOICES, resolve_voice
+from .vad import SileroVAD
+
+
+class Script:
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.transcript = "hello from the scripted backend"
+        self.reply = "This is a scripted reply. It has two sentences."
+        self.token_delay = 0.0  # seconds between LLM words
+        self.seconds_per_char = 0.01  # TTS audio length per character of text
+        self.stt_error = None  # an exception instance the STT raises, or None
+        self.wedge = threading.Event()
+        self.requests = []  # every LLMRequest the scripted LLM received
+
+
+SCRIPT = Script()
+
+
+class ScriptedSTT:
+    def transcribe(self, audio, language=None):
+        if SCRIPT.stt_error is not None:
+            raise SCRIPT.stt_error
+        return SCRIPT.transcript
+
+
+class ScriptedLLM:
+    def generate(self, request, on_text, should_stop):
+        SCRIPT.requests.append(request)
+        words = SCRIPT.reply.split(" ")[: request.max_output_tokens]
+        for i, word in enumerate(words):
+            while SCRIPT.wedge.is_set():  # a wedged handler: ignores should_stop on purpose
+                time.sleep(0.01)
+            if should_stop():
+                break
+            on_text(word if i == 0 else " " + word)
+            if SCRIPT.token_delay:
+                time.sleep(SCRIPT.token_delay)
+        return {"input_tokens": sum(len(m["content"].split()) for m in request.messages),
+                "output_tokens": len(words)}
+
+
+class ScriptedTTS:
+    voices = frozenset(OPENAI_VOICES.values())
+
+    def resolve_voice(self, name):
+        return resolve_voice(name, self.voices)
+
+    def synthesize(self, text, voice, speed=1.0):
+        seconds = len(text) * SCRIPT.seconds_per_char / speed
+        t = np.arange(int(seconds * 24_000)) / 24_000
+        return (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+
+def load_scripted(config):
+    from ..prepare import default_paths
+
+    vad_path = config["VAD_MODEL"] or default_paths(config["MODEL_CACHE_DIR"])["vad"]
+    return Backends(vad=SileroVAD(vad_path), stt=ScriptedSTT(), llm=ScriptedLLM(), tts=ScriptedTTS())

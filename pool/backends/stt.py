@@ -1,0 +1,24 @@
+"""Speech to text with faster-whisper (CTranslate2), one shared model for all units."""
+
+from faster_whisper import WhisperModel
+
+
+class WhisperSTT:
+    """``model_path``: a CTranslate2 Whisper folder; ``threads``: CTranslate2 CPU threads.
+
+    One model serves all units: CTranslate2 queues concurrent calls on its workers
+    (``num_workers=1``), so two sessions transcribing at once take turns instead of
+    oversubscribing the cores.
+    """
+
+    def __init__(self, model_path, threads=2):
+        self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8",
+                                  cpu_threads=threads, num_workers=1)
+
+    def transcribe(self, audio, language=None):
+        """Transcript of ``audio`` (float32 mono, 16 kHz). ``language``: ISO code or None."""
+        segments, _info = self.model.transcribe(
+            audio, language=language, beam_size=1, vad_filter=False,
+            condition_on_previous_text=False, without_timestamps=True,
+        )
+        return " ".join(segment.text.strip() for segment in segments).strip()

@@ -1,0 +1,63 @@
+"""Text to speech with Kokoro-82M through kokoro-onnx, one shared model for all units."""
+
+import threading
+
+import numpy as np
+import onnxruntime as ort
+
+# OpenAI voice names -> Kokoro v1.0 voices shipped in pool/data/voices. A client that asks for any
+# of these hears a real voice; an unknown name falls back to DEFAULT_VOICE (never silence).
+OPENAI_VOICES = {
+    "alloy": "af_alloy",
+    "ash": "am_adam",
+    "ballad": "bm_fable",
+    "coral": "af_heart",
+    "echo": "am_echo",
+    "sage": "af_sarah",
+    "shimmer": "af_nova",
+    "verse": "am_puck",
+    "marin": "af_bella",
+    "cedar": "am_onyx",
+}
+DEFAULT_VOICE = "af_heart"
+SAMPLE_RATE = 24_000
+
+
+def resolve_voice(name, available):
+    """Kokoro voice for a client voice name: a Kokoro name as is, an OpenAI name mapped, else default."""
+    if name in available:
+        return name
+    mapped = OPENAI_VOICES.get(str(name).lower())
+    return mapped if mapped in available else DEFAULT_VOICE
+
+
+class KokoroTTS:
+    """``model_path``: Kokoro ``.onnx``; ``voices_path``: ``.npz`` of (510, 1, 256) style vectors.
+
+    onnxruntime's ``run`` is thread-safe, but the espeak-ng phonemizer behind kokoro-onnx keeps
+    global state, so phonemization takes a lock and synthesis does not.
+    """
+
+    def __init__(self, model_path, voices_path, threads=2):
+        from kokoro_onnx import Kokoro
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        self.kokoro = Kokoro.from_session(session, str(voices_path))
+        self.voices = frozenset(self.kokoro.get_voices())
+        self._phonemize_lock = threading.Lock()
+
+    def resolve_voice(self, name):
+        return resolve_voice(name, self.voices)
+
+    def synthesize(self, text, voice, speed=1.0):
+        """Speech for ``text``: float32 mono at 24 kHz (empty array for text with no phonemes)."""
+        with self._phonemize_lock:
+            phonemes = self.kokoro.tokenizer.phonemize(text, "en-us")
+        if not phonemes.strip():
+            return np.zeros(0, dtype=np.float32)
+        audio, _rate = self.kokoro.create(phonemes, voice=self.resolve_voice(voice), speed=speed,
+                                          is_phonemes=True)
+        return audio.astype(np.float32, copy=False)

@@ -1,0 +1,74 @@
+"""The one place where the project's settings are read.
+
+Everything the pool and the protocol can be told lives in one dict, ``settings.S2S``, merged over
+``DEFAULTS`` and cached. A ``setting_changed`` receiver drops the cache so ``override_settings``
+works in tests (the pattern of django-debug-toolbar's ``debug_toolbar/settings.py``).
+"""
+
+import functools
+import os
+from pathlib import Path
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+
+def _default_cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return str(Path(base) / "s2s-realtime")
+
+
+DEFAULTS = {
+    # The pool: how many PipelineUnits one server process holds.
+    "POOL_SIZE": 2,
+    # Seconds a released unit may take to drain before it is quarantined.
+    "RELEASE_AFTER_SECONDS": 180.0,
+    # "default": the real models below; "scripted": the scripted test backend (tests only).
+    "BACKEND": "default",
+    # Where `prepare_models` writes the ready-to-load cache (env S2S_CACHE_DIR wins).
+    "MODEL_CACHE_DIR": os.environ.get("S2S_CACHE_DIR") or _default_cache_dir(),
+    # Each stage takes a local path; None means the embedded default from installed packages.
+    "VAD_MODEL": None,  # a Silero VAD .onnx file
+    "STT_MODEL": None,  # a CTranslate2 Whisper folder
+    "STT_LANGUAGE": "en",
+    "LLM_MODEL": None,  # a transformers checkpoint folder, or a .gguf file
+    # An OpenAI-compatible chat-completions endpoint (vLLM, llama.cpp server, Ollama) instead of
+    # the local LLM, e.g. "http://127.0.0.1:11434/v1".
+    "LLM_BASE_URL": None,
+    "LLM_API_KEY": "",
+    "LLM_API_MODEL": "",
+    "LLM_MAX_OUTPUT_TOKENS": 120,
+    "TTS_MODEL": None,  # a Kokoro .onnx file
+    "TTS_VOICES": None,  # a Kokoro voices .npz file
+    # Threads for each library, decided together for a 2-core machine: VAD is tiny and runs
+    # alone; STT, LLM and TTS rarely overlap within one turn except LLM and TTS while streaming.
+    "THREADS": {"vad": 1, "stt": 2, "llm": 2, "tts": 2},
+    # Defaults of a new session, as in OpenAI's hosted API.
+    "DEFAULT_INSTRUCTIONS": (
+        "You are a helpful, friendly voice assistant. Answer in one or two short sentences "
+        "of plain spoken English."
+    ),
+    "DEFAULT_VOICE": "alloy",
+    # Largest client WebSocket message (bytes). OpenAI accepts appends up to 15 MiB; Daphne is
+    # configured a little above it so an oversize message gets an error event, not a dead socket.
+    "MAX_MESSAGE_BYTES": 15 * 1024 * 1024,
+}
+
+
+@functools.cache
+def get_config():
+    """Return the effective settings: ``DEFAULTS`` updated with ``settings.S2S``.
+
+    ``THREADS`` is merged key by key so a host can override one library's thread count.
+    """
+    user = dict(getattr(settings, "S2S", {}))
+    config = {**DEFAULTS, **user}
+    config["THREADS"] = {**DEFAULTS["THREADS"], **user.get("THREADS", {})}
+    return config
+
+
+@receiver(setting_changed)
+def _reset_config(*, setting, **kwargs):
+    if setting == "S2S":
+        get_config.cache_clear()

@@ -1,0 +1,54 @@
+"""``manage.py runpool``: load the models, build the pool and serve HTTP and WebSocket (Daphne)."""
+
+import logging
+
+from channels.routing import get_default_application
+from daphne.endpoints import build_endpoint_description_strings
+from daphne.server import Server
+from django.core.management.base import BaseCommand, CommandError
+
+from pool.backends import load_backends
+from pool.conf import get_config
+from pool.prepare import PreparationError
+from pool.registry import PoolRegistry, set_registry
+
+log = logging.getLogger("pool")
+
+
+class Command(BaseCommand):
+    help = "Prepare and load the models, build the pool of units, and serve with Daphne."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--pool-size", type=int, help="units in the pool (default: S2S['POOL_SIZE'])")
+
+    def handle(self, *args, **options):
+        config = get_config()
+        size = options["pool_size"] or config["POOL_SIZE"]
+        if size < 1:
+            raise CommandError("--pool-size must be at least 1")
+        try:
+            backends = load_backends(config)  # prepares the model cache first when needed
+        except PreparationError as exc:
+            raise CommandError(str(exc)) from exc
+        registry = PoolRegistry(backends, size, config["RELEASE_AFTER_SECONDS"])
+        set_registry(registry)
+        # Daphne refuses (close 1009) only messages far above our own limit; between the two,
+        # the consumer answers with an ``error`` event and the session goes on.
+        daphne_limit = 2 * config["MAX_MESSAGE_BYTES"]
+        server = Server(
+            get_default_application(),
+            endpoints=build_endpoint_description_strings(host=options["host"], port=options["port"]),
+            signal_handlers=True,  # SIGINT and SIGTERM stop the reactor; run() then returns
+            websocket_max_message_size=daphne_limit,
+            websocket_max_frame_size=daphne_limit,
+            ready_callable=lambda: log.info("pool of %d units serving on http://%s:%d (WebSocket "
+                                            "/v1/realtime)", size, options["host"], options["port"]),
+            verbosity=0,
+        )
+        try:
+            server.run()
+        finally:
+            registry.shutdown()
+            log.info("pool stopped")

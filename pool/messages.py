@@ -1,0 +1,176 @@
+"""What travels between the protocol and a unit's stage threads.
+
+Into a unit, the protocol submits the ``*Input`` messages (handled by the VAD stage, which owns
+the input audio buffer) and ``ResponseJob`` (handled by the LLM stage, then TTS). Out of a unit,
+stages emit the events below through the session's ``SessionContext``; once the context is
+closed (the session ended), nothing more of it reaches anyone.
+"""
+
+import threading
+from dataclasses import dataclass, field
+
+
+class SessionContext:
+    """One session's link to its unit. ``sink(event)`` is called from stage threads.
+
+    ``close()`` makes every later ``emit`` a no-op and tells stages to skip this session's
+    queued work: the structural guarantee that no output of a session reaches a later one.
+    """
+
+    def __init__(self, sink):
+        self._sink = sink
+        self.closed = False
+
+    def emit(self, event):
+        if not self.closed:
+            self._sink(event)
+
+    def close(self):
+        self.closed = True
+
+
+# --- into the unit -----------------------------------------------------------------------------
+
+@dataclass
+class ConfigureInput:
+    """Input settings. ``decoder``: has ``decode(bytes) -> float32 @ 16 kHz``; ``turn_detection``:
+    None for manual turns, else dict with threshold, prefix_padding_ms, silence_ms."""
+
+    decoder: object
+    turn_detection: dict | None
+    language: str | None
+
+
+@dataclass
+class AppendInput:
+    audio_b64: str
+    event_id: str | None = None
+
+
+@dataclass
+class CommitInput:
+    event_id: str | None = None
+
+
+@dataclass
+class ClearInput:
+    event_id: str | None = None
+
+
+@dataclass
+class ResponseJob:
+    """One response: the LLM request, then speech (``modality`` "audio") or text only ("text").
+
+    ``encoder``: has ``encode(float32 @ 24 kHz, last=False) -> wire bytes``. ``cancelled`` is
+    set by the protocol to stop generation and speech at the next token or phrase.
+    """
+
+    response_id: str
+    request: object
+    modality: str
+    voice: str
+    speed: float
+    encoder: object
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # time.perf_counter() marks set by the stages: "llm_start", "llm_first_text", "tts_first_audio"
+    timings: dict = field(default_factory=dict)
+
+
+@dataclass
+class Transcribe:
+    item_id: str
+    audio: object  # float32 @ 16 kHz
+    language: str | None
+
+
+@dataclass
+class Phrase:
+    job: ResponseJob
+    text: str  # exactly as the LLM wrote it (leading space kept), the transcript delta
+
+
+@dataclass
+class JobEnd:
+    job: ResponseJob
+    usage: dict
+    error: str | None = None
+
+
+SESSION_END = object()  # travels VAD -> STT -> LLM -> TTS; at the end, the unit is drained
+
+
+# --- out of the unit ---------------------------------------------------------------------------
+
+@dataclass
+class SpeechStarted:
+    item_id: str
+    audio_start_ms: int
+
+
+@dataclass
+class SpeechStopped:
+    item_id: str
+    audio_end_ms: int
+
+
+@dataclass
+class InputCommitted:
+    item_id: str
+    audio_ms: int
+    event_id: str | None = None
+
+
+@dataclass
+class InputCleared:
+    event_id: str | None = None
+
+
+@dataclass
+class InputRejected:
+    code: str
+    message: str
+    event_id: str | None = None
+
+
+@dataclass
+class Transcribed:
+    item_id: str
+    transcript: str
+    audio_seconds: float
+    stt_seconds: float
+
+
+@dataclass
+class TranscriptionFailed:
+    item_id: str
+    message: str
+
+
+@dataclass
+class ResponseText:
+    response_id: str
+    text: str
+
+
+@dataclass
+class ResponseAudio:
+    """One spoken phrase: its transcript delta and its audio as base64 wire-format chunks."""
+
+    response_id: str
+    transcript: str
+    chunks: list
+    audio_ms: float
+    tts_seconds: float
+
+
+@dataclass
+class ResponseFinished:
+    response_id: str
+    usage: dict
+    error: str | None = None
+
+
+@dataclass
+class StageFailed:
+    stage: str
+    message: str

@@ -1,0 +1,288 @@
+"""The four stages of a unit: what each thread does with one message.
+
+A stage handles ``(ctx, message)`` pairs from its inbox and passes work to the next stage. Per-
+session values live on the stage and are reset by ``end_session()`` when SESSION_END passes.
+The loop around ``handle`` (skipping closed sessions, forwarding SESSION_END, surviving errors)
+is the unit's (``pool.unit``), not the stages'.
+"""
+
+import base64
+import binascii
+import collections
+import re
+import time
+
+import numpy as np
+
+from . import messages as m
+from .backends.vad import SAMPLE_RATE, WINDOW_SAMPLES
+from .ids import new_id
+
+MIN_COMMIT_MS = 100  # input_audio_buffer.commit needs at least this much audio (OpenAI's rule)
+MAX_BUFFER_SECONDS = 15 * 60  # manual-turn input buffer bound
+DELTA_MS = 200  # audio per response.output_audio.delta
+NEG_THRESHOLD_GAP = 0.15
+TTS_RATE = 24_000  # Hz, what the TTS backends return  # speech ends below threshold - 0.15 (Silero's get_speech_timestamps)
+
+
+def _ms(samples):
+    return int(samples * 1000 // SAMPLE_RATE)
+
+
+class VADStage:
+    """Owns the input audio buffer: decodes appends, runs Silero VAD, detects turns, commits."""
+
+    name = "vad"
+
+    def __init__(self, backends, stt_inbox):
+        self._stream = backends.vad.new_stream()
+        self._stt_inbox = stt_inbox
+        self.end_session()
+
+    def end_session(self):
+        self._stream.reset()
+        self.decoder = None
+        self.turn_detection = None
+        self.language = None
+        self._pending = np.zeros(0, dtype=np.float32)  # decoded, not yet a whole window
+        self._buffer = []  # windows since the last commit (manual turns, or during speech)
+        self._prefix = collections.deque()  # recent windows before speech (prefix padding)
+        self._samples_seen = 0
+        self._speech_item = None
+        self._silence = 0
+
+    def handle(self, ctx, msg):
+        if isinstance(msg, m.ConfigureInput):
+            self.decoder, self.language = msg.decoder, msg.language
+            self.turn_detection = msg.turn_detection
+            if msg.turn_detection is None and self._speech_item:
+                self._speech_item = None  # switching to manual turns keeps the buffered audio
+        elif isinstance(msg, m.AppendInput):
+            self._append(ctx, msg)
+        elif isinstance(msg, m.CommitInput):
+            self._commit(ctx, msg.event_id, self._speech_item or new_id("item"))
+        elif isinstance(msg, m.ClearInput):
+            self._buffer, self._pending, self._speech_item = [], self._pending[:0], None
+            self._prefix.clear()
+            ctx.emit(m.InputCleared(msg.event_id))
+
+    def _append(self, ctx, msg):
+        try:
+            data = base64.b64decode(msg.audio_b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            ctx.emit(m.InputRejected("invalid_base64", f"'audio' is not valid base64: {exc}.", msg.event_id))
+            return
+        try:
+            samples = self.decoder.decode(data)
+        except ValueError as exc:
+            ctx.emit(m.InputRejected("invalid_audio", str(exc), msg.event_id))
+            return
+        buffered = len(self._buffer) * WINDOW_SAMPLES + len(self._pending)
+        if buffered + len(samples) > MAX_BUFFER_SECONDS * SAMPLE_RATE:
+            ctx.emit(m.InputRejected(
+                "input_audio_buffer_full",
+                f"The input audio buffer holds at most {MAX_BUFFER_SECONDS} s; commit or clear it.",
+                msg.event_id))
+            return
+        audio = np.concatenate([self._pending, samples]) if len(self._pending) else samples
+        whole = len(audio) - len(audio) % WINDOW_SAMPLES
+        for start in range(0, whole, WINDOW_SAMPLES):
+            self._window(ctx, audio[start:start + WINDOW_SAMPLES])
+        self._pending = audio[whole:].copy()
+
+    def _window(self, ctx, window):
+        probability = self._stream.probability(window)
+        self._samples_seen += WINDOW_SAMPLES
+        td = self.turn_detection
+        if td is None:
+            self._buffer.append(window)
+            return
+        if self._speech_item is None:
+            self._prefix.append(window)
+            while len(self._prefix) * WINDOW_SAMPLES > td["prefix_padding_ms"] * SAMPLE_RATE // 1000 + WINDOW_SAMPLES:
+                self._prefix.popleft()
+            if probability >= td["threshold"]:
+                self._speech_item = new_id("item")
+                self._buffer = list(self._prefix)
+                self._prefix.clear()
+                self._silence = 0
+                start = self._samples_seen - len(self._buffer) * WINDOW_SAMPLES
+                ctx.emit(m.SpeechStarted(self._speech_item, _ms(max(start, 0))))
+            return
+        self._buffer.append(window)
+        if probability < max(td["threshold"] - NEG_THRESHOLD_GAP, 0.01):
+            self._silence += WINDOW_SAMPLES
+        else:
+            self._silence = 0
+        if self._silence * 1000 >= td["silence_ms"] * SAMPLE_RATE:
+            item_id = self._speech_item
+            ctx.emit(m.SpeechStopped(item_id, _ms(self._samples_seen - self._silence)))
+            self._commit(ctx, None, item_id)
+
+    def _commit(self, ctx, event_id, item_id):
+        parts = self._buffer + ([self._pending] if len(self._pending) else [])
+        audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        if _ms(len(audio)) < MIN_COMMIT_MS:
+            ctx.emit(m.InputRejected(
+                "input_audio_buffer_commit_empty",
+                f"Error committing input audio buffer: buffer too small. Expected at least "
+                f"{MIN_COMMIT_MS}ms of audio, but buffer only has {_ms(len(audio))}ms of audio.",
+                event_id))
+            return
+        self._buffer, self._pending, self._speech_item = [], self._pending[:0], None
+        self._prefix.clear()
+        ctx.emit(m.InputCommitted(item_id, _ms(len(audio)), event_id))
+        self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, self.language)))
+
+
+class STTStage:
+    """Transcribes committed items; every item gets Transcribed or TranscriptionFailed."""
+
+    name = "stt"
+
+    def __init__(self, backends):
+        self._stt = backends.stt
+
+    def end_session(self):
+        pass
+
+    def handle(self, ctx, msg):
+        started = time.perf_counter()
+        try:
+            transcript = self._stt.transcribe(msg.audio, msg.language)
+        except Exception as exc:  # noqa: BLE001 - any model failure fails the item, not the thread
+            ctx.emit(m.TranscriptionFailed(msg.item_id, f"{type(exc).__name__}: {exc}"))
+            return
+        ctx.emit(m.Transcribed(msg.item_id, transcript, len(msg.audio) / SAMPLE_RATE,
+                               time.perf_counter() - started))
+
+
+class PhraseSplitter:
+    """Cuts streamed LLM text into speakable phrases, the first one as early as possible.
+
+    A phrase ends at ``.!?;:`` followed by whitespace. The first phrase also ends at a comma once
+    it has FIRST_COMMA_WORDS words, and at FIRST_MAX_WORDS words in any case: speech starts after
+    a few words instead of a whole sentence. Later phrases end at a comma after COMMA_WORDS words
+    or at MAX_WORDS. Concatenating every phrase returned gives back exactly the text pushed in.
+    """
+
+    FIRST_COMMA_WORDS = 3
+    FIRST_MAX_WORDS = 8
+    COMMA_WORDS = 8
+    MAX_WORDS = 30
+    _END = re.compile(r"[.!?;:]+[\"')\]]*\s")
+    _COMMA = re.compile(r",\s")
+    _WORD = re.compile(r"\S+\s")
+
+    def __init__(self):
+        self._text = ""
+        self._first = True
+
+    def push(self, text):
+        """Add streamed text; returns the phrases it completed (possibly none)."""
+        self._text += text
+        phrases = []
+        while (cut := self._cut()) is not None:
+            phrases.append(self._text[:cut])
+            self._text = self._text[cut:]
+            self._first = False
+        return phrases
+
+    def flush(self):
+        """The text not yet returned (the last phrase)."""
+        rest, self._text = self._text, ""
+        return rest
+
+    def _cut(self):
+        match = self._END.search(self._text)
+        if match:
+            return match.end() - 1
+        comma_words = self.FIRST_COMMA_WORDS if self._first else self.COMMA_WORDS
+        for comma in self._COMMA.finditer(self._text):
+            if len(self._text[:comma.start()].split()) >= comma_words:
+                return comma.end() - 1
+        max_words = self.FIRST_MAX_WORDS if self._first else self.MAX_WORDS
+        words = list(self._WORD.finditer(self._text))
+        if len(words) > max_words:  # one more word seen: the cut point is a real word boundary
+            return words[max_words - 1].end() - 1
+        return None
+
+
+class LLMStage:
+    """Generates a response's text; speakable phrases go to TTS as soon as they are complete."""
+
+    name = "llm"
+
+    def __init__(self, backends, tts_inbox):
+        self._llm = backends.llm
+        self._tts_inbox = tts_inbox
+
+    def end_session(self):
+        pass
+
+    def handle(self, ctx, job):
+        if job.cancelled.is_set():
+            self._tts_inbox.put((ctx, m.JobEnd(job, {})))
+            return
+        splitter = PhraseSplitter()
+        started = job.timings["llm_start"] = time.perf_counter()
+
+        def on_text(text):
+            if "llm_first_text" not in job.timings:
+                job.timings["llm_first_text"] = time.perf_counter()
+                text = text.lstrip()
+            if job.modality == "text":
+                ctx.emit(m.ResponseText(job.response_id, text))
+                return
+            for phrase in splitter.push(text):
+                self._tts_inbox.put((ctx, m.Phrase(job, phrase)))
+
+        def should_stop():
+            return job.cancelled.is_set() or ctx.closed
+
+        error, usage = None, {}
+        try:
+            usage = self._llm.generate(job.request, on_text, should_stop)
+        except Exception as exc:  # noqa: BLE001 - a model failure fails the response, not the thread
+            error = f"{type(exc).__name__}: {exc}"
+        rest = splitter.flush()
+        if rest.strip() and job.modality == "audio":
+            self._tts_inbox.put((ctx, m.Phrase(job, rest)))
+        usage["llm_seconds"] = time.perf_counter() - started
+        self._tts_inbox.put((ctx, m.JobEnd(job, usage, error)))
+
+
+class TTSStage:
+    """Speaks phrases and sends their audio in DELTA_MS chunks; closes each response."""
+
+    name = "tts"
+
+    def __init__(self, backends):
+        self._tts = backends.tts
+
+    def end_session(self):
+        pass
+
+    def handle(self, ctx, msg):
+        job = msg.job
+        if isinstance(msg, m.JobEnd):
+            if not job.cancelled.is_set():
+                self._send(ctx, job, "", job.encoder.encode(np.zeros(0, np.float32), last=True), 0.0, 0.0)
+            ctx.emit(m.ResponseFinished(job.response_id, msg.usage, msg.error))
+            return
+        if job.cancelled.is_set():
+            return
+        started = time.perf_counter()
+        text = msg.text.strip()
+        samples = self._tts.synthesize(text, job.voice, job.speed) if text else np.zeros(0, np.float32)
+        job.timings.setdefault("tts_first_audio", time.perf_counter())
+        self._send(ctx, job, msg.text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE,
+                   time.perf_counter() - started)
+
+    @staticmethod
+    def _send(ctx, job, transcript, wire, audio_ms, tts_seconds):
+        if not wire and not transcript:
+            return
+        step = job.encoder.bytes_per_second * DELTA_MS // 1000
+        chunks = [base64.b64encode(wire[i:i + step]).decode("ascii") for i in range(0, len(wire), step)]
+        ctx.emit(m.ResponseAudio(job.response_id, transcript, chunks, audio_ms, tts_seconds))

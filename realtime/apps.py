@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RealtimeConfig(AppConfig):
+    name = "realtime"
+    verbose_name = "Realtime protocol"

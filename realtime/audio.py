@@ -1,0 +1,104 @@
+"""Audio formats of the Realtime protocol, and stateful conversion to and from the pipeline.
+
+Wire formats (OpenAI Realtime GA, ``audio.input.format`` / ``audio.output.format``):
+
+- ``audio/pcm``: 16-bit little-endian signed mono PCM at 24,000 Hz (the only rate allowed).
+- ``audio/pcmu`` / ``audio/pcma``: ITU-T G.711 mu-law / A-law, 8-bit samples at 8,000 Hz.
+
+The pipeline works in float32 mono: 16,000 Hz for VAD and STT (what Silero VAD and Whisper take),
+24,000 Hz out of TTS (what Kokoro speaks). Resampling goes through soxr's ``ResampleStream``, one
+per direction per session, so chunk boundaries leave no clicks. G.711 uses the standard library's
+``audioop`` (``audioop-lts`` on Python 3.13+).
+"""
+
+import warnings
+
+import numpy as np
+import soxr
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop  # stdlib until 3.12, the audioop-lts package after
+
+PCM_RATE = 24_000  # Hz, audio/pcm on the wire
+G711_RATE = 8_000  # Hz, audio/pcmu and audio/pcma on the wire
+PIPELINE_RATE = 16_000  # Hz, VAD and STT input
+TTS_RATE = 24_000  # Hz, Kokoro output
+
+FORMAT_TYPES = ("audio/pcm", "audio/pcmu", "audio/pcma")
+
+
+class AudioFormatError(ValueError):
+    """Bytes that cannot be audio in the declared format (e.g. PCM16 with an odd byte count)."""
+
+
+def wire_rate(fmt):
+    """Sample rate (Hz) of a wire format dict such as ``{"type": "audio/pcm", "rate": 24000}``."""
+    return PCM_RATE if fmt["type"] == "audio/pcm" else G711_RATE
+
+
+def bytes_per_second(fmt):
+    """Bytes of one second of audio in a wire format (PCM16: 2 per sample; G.711: 1)."""
+    return wire_rate(fmt) * (2 if fmt["type"] == "audio/pcm" else 1)
+
+
+def pcm16_to_float(data):
+    """PCM16 little-endian bytes -> float32 array in [-1, 1). Raises AudioFormatError on odd length."""
+    if len(data) % 2:
+        raise AudioFormatError(f"PCM16 audio must have an even number of bytes, got {len(data)}")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def float_to_pcm16(samples):
+    """float32 array in [-1, 1] -> PCM16 little-endian bytes (clipped, rounded)."""
+    clipped = np.clip(np.asarray(samples, dtype=np.float32), -1.0, 1.0)
+    return np.round(clipped * 32767.0).astype("<i2").tobytes()
+
+
+def _g711_decode(data, fmt_type):
+    decode = audioop.ulaw2lin if fmt_type == "audio/pcmu" else audioop.alaw2lin
+    return decode(data, 2)
+
+
+def _g711_encode(pcm16, fmt_type):
+    encode = audioop.lin2ulaw if fmt_type == "audio/pcmu" else audioop.lin2alaw
+    return encode(pcm16, 2)
+
+
+class InputAudioDecoder:
+    """Wire audio of one session -> float32 mono at PIPELINE_RATE, resampled statefully.
+
+    ``decode(data)`` takes the raw (base64-decoded) bytes of one ``input_audio_buffer.append`` and
+    returns float32 samples at 16 kHz. Raises AudioFormatError for bytes the format cannot hold.
+    """
+
+    def __init__(self, fmt):
+        self.format_type = fmt["type"]
+        self._resampler = soxr.ResampleStream(wire_rate(fmt), PIPELINE_RATE, 1, dtype="float32")
+
+    def decode(self, data):
+        if self.format_type != "audio/pcm":
+            data = _g711_decode(data, self.format_type)
+        return self._resampler.resample_chunk(pcm16_to_float(data))
+
+
+class OutputAudioEncoder:
+    """TTS float32 mono at TTS_RATE -> wire bytes of one session's output format.
+
+    PCM at 24 kHz needs no resampling; G.711 is resampled statefully to 8 kHz first.
+    """
+
+    def __init__(self, fmt):
+        self.format_type = fmt["type"]
+        self.bytes_per_second = bytes_per_second(fmt)
+        self._resampler = None
+        if wire_rate(fmt) != TTS_RATE:
+            self._resampler = soxr.ResampleStream(TTS_RATE, wire_rate(fmt), 1, dtype="float32")
+
+    def encode(self, samples, last=False):
+        if self._resampler is not None:
+            samples = self._resampler.resample_chunk(samples, last=last)
+        pcm16 = float_to_pcm16(samples)
+        if self.format_type == "audio/pcm":
+            return pcm16
+        return _g711_encode(pcm16, self.format_type)

@@ -1,0 +1,70 @@
+"""Parsing client frames into client events, and the envelope checks every event gets.
+
+A client event is a JSON object with a string ``type`` and an optional string ``event_id``.
+Anything else is answered with an ``error`` event (never a dropped socket):
+
+- ``invalid_json``: the text frame is not JSON;
+- ``invalid_frame``: a binary frame (the protocol is JSON text only);
+- ``invalid_event``: JSON that is not an object;
+- ``missing_required_parameter``: no ``type``;
+- ``invalid_type``: a field of the wrong type (``param`` names it);
+- ``unknown_event_type``: a ``type`` that is not one of the client events.
+"""
+
+import json
+
+from .errors import ProtocolError
+
+CLIENT_EVENT_TYPES = frozenset({
+    "session.update",
+    "input_audio_buffer.append",
+    "input_audio_buffer.commit",
+    "input_audio_buffer.clear",
+    "conversation.item.create",
+    "conversation.item.retrieve",
+    "conversation.item.truncate",
+    "conversation.item.delete",
+    "response.create",
+    "response.cancel",
+    "output_audio_buffer.clear",
+})
+
+
+def parse_client_frame(text_data=None, bytes_data=None):
+    """Return the client event dict of one WebSocket frame. Raises ProtocolError."""
+    if text_data is None:
+        raise ProtocolError("invalid_frame", "Binary frames are not supported; send JSON text frames.")
+    try:
+        event = json.loads(text_data)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("invalid_json", f"The message is not valid JSON: {exc}.") from None
+    if not isinstance(event, dict):
+        raise ProtocolError("invalid_event", "A client event must be a JSON object.")
+    event_id = event.get("event_id")
+    if event_id is not None and not isinstance(event_id, str):
+        raise ProtocolError("invalid_type", "'event_id' must be a string.", param="event_id")
+    if "type" not in event:
+        raise ProtocolError("missing_required_parameter", "Missing required parameter: 'type'.",
+                            param="type", event_id=event_id)
+    if not isinstance(event["type"], str):
+        raise ProtocolError("invalid_type", "'type' must be a string.", param="type", event_id=event_id)
+    if event["type"] not in CLIENT_EVENT_TYPES:
+        raise ProtocolError("unknown_event_type", f"Unknown event type: {event['type'][:100]!r}.",
+                            param="type", event_id=event_id)
+    return event
+
+
+def require(event, name, kind, *, optional=False, default=None):
+    """``event[name]`` checked to be of ``kind`` (a type or tuple). Raises ProtocolError."""
+    if name not in event or (optional and event[name] is None):
+        if optional:
+            return default
+        raise ProtocolError("missing_required_parameter", f"Missing required parameter: '{name}'.",
+                            param=name, event_id=event.get("event_id"))
+    value = event[name]
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        value = None  # bool is an int subclass; never accept it as a number
+    if not isinstance(value, kind):
+        raise ProtocolError("invalid_type", f"'{name}' has the wrong type.", param=name,
+                            event_id=event.get("event_id"))
+    return value

@@ -1,0 +1,308 @@
+"""The effective configuration of one Realtime session: defaults, validation, deep merge.
+
+``session.update`` carries a partial ``session`` object. It is normalised (beta field names mapped
+to GA ones), deep-merged over the current configuration (dicts merge key by key; lists, scalars
+and ``null`` replace), and the result is validated as a whole. Either the whole update applies or
+none of it does: a ProtocolError names the first bad field in ``param``.
+
+Unknown-field policy: a field that OpenAI's GA session does not have is refused with
+``unknown_parameter``; a GA field this server does not act on (``tracing``, ``prompt``,
+``include``, ``truncation``, ``noise_reduction``) is accepted, stored and echoed back.
+"""
+
+import copy
+
+from .audio import FORMAT_TYPES, PCM_RATE
+from .errors import ProtocolError
+
+MAX_INSTRUCTIONS_CHARS = 32_000
+MAX_OUTPUT_TOKENS_LIMIT = 4096
+
+SERVER_VAD_DEFAULTS = {
+    "type": "server_vad",
+    "threshold": 0.5,
+    "prefix_padding_ms": 300,
+    "silence_duration_ms": 500,
+    "create_response": True,
+    "interrupt_response": True,
+    "idle_timeout_ms": None,
+}
+SEMANTIC_VAD_DEFAULTS = {
+    "type": "semantic_vad",
+    "eagerness": "auto",
+    "create_response": True,
+    "interrupt_response": True,
+}
+# semantic_vad has no end-of-turn classifier here: eagerness picks a silence duration (ms).
+EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 600, "auto": 600, "high": 300}
+
+DEFAULT_TRANSCRIPTION = {"model": "whisper-tiny.en", "language": None, "prompt": None}
+
+# Fields of the GA session object (dotted paths of dicts whose keys are fixed).
+_KNOWN_KEYS = {
+    "session": {
+        "type", "object", "id", "model", "output_modalities", "instructions", "tools",
+        "tool_choice", "max_output_tokens", "tracing", "prompt", "include", "truncation",
+        "audio", "expires_at",
+    },
+    "session.audio": {"input", "output"},
+    "session.audio.input": {"format", "transcription", "turn_detection", "noise_reduction"},
+    "session.audio.output": {"format", "voice", "speed"},
+}
+
+# Beta (preview) session fields -> their GA place; see docs/PROTOCOL.md.
+_BETA_FORMATS = {
+    "pcm16": {"type": "audio/pcm", "rate": PCM_RATE},
+    "g711_ulaw": {"type": "audio/pcmu"},
+    "g711_alaw": {"type": "audio/pcma"},
+}
+
+
+def default_session(session_id, model, instructions, voice):
+    """A new session's configuration (GA ``session`` object shape)."""
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": model,
+        "output_modalities": ["audio"],
+        "instructions": instructions,
+        "tools": [],
+        "tool_choice": "auto",
+        "max_output_tokens": "inf",
+        "tracing": None,
+        "prompt": None,
+        "include": None,
+        "truncation": "auto",
+        "audio": {
+            "input": {
+                "format": {"type": "audio/pcm", "rate": PCM_RATE},
+                "transcription": dict(DEFAULT_TRANSCRIPTION),
+                "noise_reduction": None,
+                "turn_detection": dict(SERVER_VAD_DEFAULTS),
+            },
+            "output": {
+                "format": {"type": "audio/pcm", "rate": PCM_RATE},
+                "voice": voice,
+                "speed": 1.0,
+            },
+        },
+    }
+
+
+def map_beta_fields(update):
+    """Move beta-shaped session fields to their GA place. Returns a new dict."""
+    update = dict(update)
+    audio = copy.deepcopy(update.get("audio")) if isinstance(update.get("audio"), dict) else {}
+    audio_in = audio.setdefault("input", {})
+    audio_out = audio.setdefault("output", {})
+    moved = False
+
+    def move(name, target, key, convert=lambda v: v):
+        nonlocal moved
+        if name in update:
+            value = update.pop(name)
+            target[key] = convert(value)
+            moved = True
+
+    def fmt(value):
+        return _BETA_FORMATS.get(value, value) if isinstance(value, str) else value
+
+    move("modalities", update, "output_modalities", _beta_modalities)
+    move("voice", audio_out, "voice")
+    move("speed", audio_out, "speed")
+    move("input_audio_format", audio_in, "format", fmt)
+    move("output_audio_format", audio_out, "format", fmt)
+    move("turn_detection", audio_in, "turn_detection")
+    move("input_audio_transcription", audio_in, "transcription")
+    move("input_audio_noise_reduction", audio_in, "noise_reduction")
+    move("max_response_output_tokens", update, "max_output_tokens")
+    update.pop("temperature", None)  # beta only; GA sessions have no temperature
+    if moved or "audio" in update:
+        update["audio"] = {k: v for k, v in audio.items() if v}
+        if not update["audio"]:
+            del update["audio"]
+    return update
+
+
+def _beta_modalities(value):
+    if isinstance(value, list) and "audio" in value:
+        return ["audio"]
+    return value
+
+
+def deep_merge(base, update):
+    """Merge ``update`` into a copy of ``base``: dicts recursively; anything else replaces."""
+    merged = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def apply_update(current, update):
+    """Return the session that ``session.update`` with ``update`` makes of ``current``.
+
+    Raises ProtocolError (``invalid_value``, ``unknown_parameter``, ``invalid_type``) with
+    ``param`` set; ``current`` is never modified.
+    """
+    if not isinstance(update, dict):
+        raise ProtocolError("invalid_type", "'session' must be an object.", param="session")
+    update = map_beta_fields(update)
+    _check_unknown(update, "session")
+    for frozen in ("id", "object"):
+        update.pop(frozen, None)
+    new_td = update.get("audio", {}).get("input", {}).get("turn_detection", ...)
+    merged = deep_merge(current, update)
+    if new_td is not ...:
+        merged["audio"]["input"]["turn_detection"] = _merge_turn_detection(
+            current["audio"]["input"]["turn_detection"], new_td
+        )
+    validate(merged)
+    return merged
+
+
+def _check_unknown(update, path):
+    for key, value in update.items():
+        if key not in _KNOWN_KEYS[path]:
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: '{path}.{key}'.",
+                                param=f"{path}.{key}")
+        child = f"{path}.{key}"
+        if child in _KNOWN_KEYS:
+            if not isinstance(value, dict):
+                raise ProtocolError("invalid_type", f"'{child}' must be an object.", param=child)
+            _check_unknown(value, child)
+
+
+def _merge_turn_detection(current, new):
+    """A partial turn_detection keeps the current type; a new type starts from its defaults."""
+    if new is None:
+        return None
+    if not isinstance(new, dict):
+        raise ProtocolError("invalid_type", "turn_detection must be an object or null.",
+                            param="session.audio.input.turn_detection")
+    kind = new.get("type") or (current or {}).get("type") or "server_vad"
+    if current and current.get("type") == kind:
+        base = current
+    else:
+        base = SEMANTIC_VAD_DEFAULTS if kind == "semantic_vad" else SERVER_VAD_DEFAULTS
+    return {**base, **new, "type": kind}
+
+
+def _fail(param, message, code="invalid_value"):
+    raise ProtocolError(code, message, param=f"session.{param}")
+
+
+def _number(value, param, low, high, integer=False):
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        _fail(param, f"'{param}' must be {'an integer' if integer else 'a number'}.", "invalid_type")
+    if not low <= value <= high:
+        _fail(param, f"'{param}' must be between {low} and {high}, got {value}.")
+
+
+def _format(fmt, param):
+    if not isinstance(fmt, dict) or fmt.get("type") not in FORMAT_TYPES:
+        _fail(param, f"'{param}' must be an object whose type is one of {', '.join(FORMAT_TYPES)}.")
+    if fmt["type"] == "audio/pcm":
+        rate = fmt.setdefault("rate", PCM_RATE)
+        if rate != PCM_RATE:
+            _fail(f"{param}.rate", f"audio/pcm supports only rate {PCM_RATE}, got {rate!r}.")
+    else:
+        fmt.pop("rate", None)
+
+
+def validate(session):
+    """Check a whole merged session; normalises formats in place. Raises ProtocolError."""
+    if session.get("type") not in ("realtime", "transcription"):
+        _fail("type", "session.type must be 'realtime' or 'transcription'.")
+    if not isinstance(session.get("model"), (str, type(None))):
+        _fail("model", "'model' must be a string.", "invalid_type")
+    modalities = session.get("output_modalities")
+    if modalities not in (["audio"], ["text"]):
+        _fail("output_modalities", "output_modalities must be [\"audio\"] or [\"text\"].")
+    instructions = session.get("instructions")
+    if not isinstance(instructions, str):
+        _fail("instructions", "'instructions' must be a string.", "invalid_type")
+    if len(instructions) > MAX_INSTRUCTIONS_CHARS:
+        _fail("instructions", f"'instructions' is limited to {MAX_INSTRUCTIONS_CHARS} characters.")
+    validate_max_output_tokens(session.get("max_output_tokens"), "session.max_output_tokens")
+    validate_tools(session.get("tools"), session.get("tool_choice"), "session")
+
+    audio_in, audio_out = session["audio"]["input"], session["audio"]["output"]
+    _format(audio_in.get("format"), "audio.input.format")
+    _format(audio_out.get("format"), "audio.output.format")
+    transcription = audio_in.get("transcription")
+    if transcription is not None and not isinstance(transcription, dict):
+        _fail("audio.input.transcription", "transcription must be an object or null.", "invalid_type")
+    voice = audio_out.get("voice")
+    if not isinstance(voice, str) or not voice.strip():
+        _fail("audio.output.voice", "'voice' must be a non-empty string.", "invalid_type")
+    _number(audio_out.get("speed"), "audio.output.speed", 0.25, 1.5)
+    _validate_turn_detection(audio_in.get("turn_detection"))
+
+
+def _validate_turn_detection(td):
+    if td is None:
+        return
+    param = "audio.input.turn_detection"
+    if td["type"] not in ("server_vad", "semantic_vad"):
+        _fail(f"{param}.type", "turn_detection.type must be 'server_vad' or 'semantic_vad'.")
+    allowed = SERVER_VAD_DEFAULTS if td["type"] == "server_vad" else SEMANTIC_VAD_DEFAULTS
+    for key in td:
+        if key not in allowed:
+            _fail(f"{param}.{key}", f"Unknown parameter for {td['type']}: '{key}'.",
+                  "unknown_parameter")
+    for flag in ("create_response", "interrupt_response"):
+        if not isinstance(td.get(flag), bool):
+            _fail(f"{param}.{flag}", f"'{flag}' must be a boolean.", "invalid_type")
+    if td["type"] == "server_vad":
+        _number(td["threshold"], f"{param}.threshold", 0.0, 1.0)
+        _number(td["prefix_padding_ms"], f"{param}.prefix_padding_ms", 0, 5000, integer=True)
+        _number(td["silence_duration_ms"], f"{param}.silence_duration_ms", 0, 10_000, integer=True)
+        if td["idle_timeout_ms"] is not None:
+            _number(td["idle_timeout_ms"], f"{param}.idle_timeout_ms", 5000, 30_000, integer=True)
+    elif td["eagerness"] not in EAGERNESS_SILENCE_MS:
+        _fail(f"{param}.eagerness", "eagerness must be one of low, medium, high, auto.")
+
+
+def validate_max_output_tokens(value, param):
+    """``max_output_tokens``: an integer 1..4096 or ``"inf"``. Raises ProtocolError."""
+    if value == "inf":
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError("invalid_type", "max_output_tokens must be an integer or 'inf'.", param=param)
+    if not 1 <= value <= MAX_OUTPUT_TOKENS_LIMIT:
+        raise ProtocolError("invalid_value",
+                            f"max_output_tokens must be between 1 and {MAX_OUTPUT_TOKENS_LIMIT}.",
+                            param=param)
+
+
+def validate_tools(tools, tool_choice, prefix):
+    """``tools``: a list of function tools; ``tool_choice``: auto, none, required or a function."""
+    if not isinstance(tools, list):
+        raise ProtocolError("invalid_type", "'tools' must be a list.", param=f"{prefix}.tools")
+    for i, tool in enumerate(tools):
+        param = f"{prefix}.tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise ProtocolError("invalid_value", "Only function tools are supported.", param=param)
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise ProtocolError("invalid_value", "A function tool needs a 'name'.", param=f"{param}.name")
+        if not isinstance(tool.get("parameters", {}), dict):
+            raise ProtocolError("invalid_type", "'parameters' must be a JSON schema object.",
+                                param=f"{param}.parameters")
+    if tool_choice in ("auto", "none", "required"):
+        return
+    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("name"), str):
+        return
+    raise ProtocolError("invalid_value", "tool_choice must be auto, none, required or a function.",
+                        param=f"{prefix}.tool_choice")
+
+
+def effective_silence_ms(td):
+    """Silence (ms) that ends a turn under ``td`` (server_vad or semantic_vad)."""
+    if td["type"] == "semantic_vad":
+        return EAGERNESS_SILENCE_MS[td["eagerness"]]
+    return td["silence_duration_ms"]

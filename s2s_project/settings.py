@@ -1,0 +1,107 @@
+"""Settings of the stand-alone server: SQLite and the in-memory channel layer by default.
+
+Environment variables: ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` (comma
+separated), ``S2S_POOL_SIZE``, ``S2S_BACKEND``, ``S2S_CACHE_DIR``, ``S2S_LLM_BASE_URL``,
+``S2S_LLM_API_KEY``, ``S2S_LLM_API_MODEL``. Everything the apps read is in the ``S2S`` dict,
+documented in ``pool/conf.py``.
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# Weights come from installed packages only; never let a library reach for a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-local-development-key")
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "realtime",
+    "pool",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "s2s_project.urls"
+ASGI_APPLICATION = "s2s_project.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("S2S_SQLITE_PATH", BASE_DIR / "db.sqlite3"),
+    }
+}
+
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+
+def _env(name, cast=str):
+    value = os.environ.get(name)
+    return None if value in (None, "") else cast(value)
+
+
+S2S = {
+    key: value
+    for key, value in {
+        "POOL_SIZE": _env("S2S_POOL_SIZE", int),
+        "BACKEND": _env("S2S_BACKEND"),
+        "LLM_BASE_URL": _env("S2S_LLM_BASE_URL"),
+        "LLM_API_KEY": _env("S2S_LLM_API_KEY"),
+        "LLM_API_MODEL": _env("S2S_LLM_API_MODEL"),
+    }.items()
+    if value is not None
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "pool": {"handlers": ["console"], "level": "INFO"},
+        "realtime": {"handlers": ["console"], "level": "INFO"},
+    },
+}
