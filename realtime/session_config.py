@@ -93,9 +93,13 @@ def default_session(session_id, model, instructions, voice):
 def map_beta_fields(update):
     """Move beta-shaped session fields to their GA place. Returns a new dict."""
     update = dict(update)
-    audio = copy.deepcopy(update.get("audio")) if isinstance(update.get("audio"), dict) else {}
+    if "audio" in update and not isinstance(update["audio"], dict):
+        return update  # not ours to fix: validation names it
+    audio = copy.deepcopy(update.get("audio", {}))
     audio_in = audio.setdefault("input", {})
     audio_out = audio.setdefault("output", {})
+    if not isinstance(audio_in, dict) or not isinstance(audio_out, dict):
+        return update
     moved = False
 
     def move(name, target, key, convert=lambda v: v):

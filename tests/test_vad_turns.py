@@ -1,0 +1,92 @@
+"""Turn detection on a real recording through the VAD stage, with the real Silero model."""
+
+import base64
+import queue
+
+import pytest
+
+from pool import messages as m
+from pool.backends.vad import SileroVAD
+from pool.backends.scripted import load_scripted
+from pool.conf import DEFAULTS
+from pool.stages import VADStage
+from realtime.audio import InputAudioDecoder
+
+from .helpers import JFK, speech_appends
+
+
+@pytest.fixture(scope="module")
+def backends():
+    return load_scripted({**DEFAULTS, "BACKEND": "scripted"})
+
+
+def run_vad(backends, silence_ms, threshold=0.5, path=JFK):
+    stt_inbox = queue.Queue()
+    stage = VADStage(backends, stt_inbox)
+    events = []
+    ctx = m.SessionContext(events.append)
+    stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}),
+                                       {"threshold": threshold, "prefix_padding_ms": 300,
+                                        "silence_ms": silence_ms}, "en"))
+    for append in speech_appends(path, silence_s=2.0):
+        stage.handle(ctx, m.AppendInput(append["audio"]))
+    transcribe = []
+    while not stt_inbox.empty():
+        transcribe.append(stt_inbox.get()[1])
+    return events, transcribe
+
+
+def test_long_silence_setting_keeps_the_sentence_in_one_turn(backends):
+    events, transcribe = run_vad(backends, silence_ms=1500)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["SpeechStarted", "SpeechStopped", "InputCommitted"]
+    started, stopped, committed = events
+    assert started.item_id == stopped.item_id == committed.item_id == transcribe[0].item_id
+    # JFK speaks from about 0.3 s to about 10.8 s of the 11 s recording
+    assert 0 <= started.audio_start_ms < 1500
+    assert 9500 < stopped.audio_end_ms < 11_500
+    assert abs(len(transcribe[0].audio) / 16 - committed.audio_ms) <= 1
+    assert committed.audio_ms > 9000
+
+
+def test_short_silence_setting_splits_the_speech_at_its_pauses(backends):
+    events, transcribe = run_vad(backends, silence_ms=300)
+    starts = [e for e in events if isinstance(e, m.SpeechStarted)]
+    stops = [e for e in events if isinstance(e, m.SpeechStopped)]
+    assert len(starts) == len(stops) == len(transcribe) >= 2
+    ends = [s.audio_end_ms for s in stops]
+    assert ends == sorted(ends)
+
+
+def test_threshold_one_hears_no_speech(backends):
+    events, transcribe = run_vad(backends, silence_ms=500, threshold=1.0)
+    assert events == [] and transcribe == []
+
+
+def test_invalid_base64_and_odd_pcm_are_rejected_and_the_stream_goes_on(backends):
+    stage = VADStage(backends, queue.Queue())
+    events = []
+    ctx = m.SessionContext(events.append)
+    stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}), None, None))
+    stage.handle(ctx, m.AppendInput("***not base64***", "evt_a"))
+    stage.handle(ctx, m.AppendInput(base64.b64encode(b"\x00\x00\x00").decode(), "evt_b"))
+    stage.handle(ctx, m.AppendInput(base64.b64encode(b"\x00\x00" * 4800).decode(), "evt_c"))
+    stage.handle(ctx, m.CommitInput("evt_d"))
+    assert [(type(e).__name__, getattr(e, "code", None), e.event_id) for e in events] == [
+        ("InputRejected", "invalid_base64", "evt_a"),
+        ("InputRejected", "invalid_audio", "evt_b"),
+        ("InputCommitted", None, "evt_d"),
+    ]
+
+
+def test_shared_model_keeps_streams_independent(backends):
+    import numpy as np
+    from realtime.client import load_audio
+
+    vad: SileroVAD = backends.vad
+    speech = load_audio(JFK, 16_000)[16_000:16_000 + 512 * 20].astype(np.float32)
+    alone = [vad.new_stream().probability(speech[:512])]
+    a, b = vad.new_stream(), vad.new_stream()
+    for i in range(20):
+        a.probability(speech[i * 512:(i + 1) * 512])
+    assert b.probability(speech[:512]) == pytest.approx(alone[0], abs=1e-6)
