@@ -1,0 +1,205 @@
+"""The protocol over a WebSocket, on the scripted test backend (real VAD, scripted STT/LLM/TTS)."""
+
+import asyncio
+import base64
+
+import pytest
+
+from pool.backends.scripted import SCRIPT
+
+from .helpers import speech_appends
+
+pytestmark = pytest.mark.asyncio
+
+VOICE_TURN = [
+    "input_audio_buffer.speech_started",
+    "input_audio_buffer.speech_stopped",
+    "input_audio_buffer.committed",
+    "conversation.item.added",
+    "conversation.item.done",
+    "conversation.item.input_audio_transcription.completed",
+    "response.created",
+    "conversation.item.added",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_audio_transcript.delta",
+    "response.output_audio.delta",
+]
+VOICE_TURN_END = [
+    "response.output_audio.done",
+    "response.output_audio_transcript.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "conversation.item.done",
+    "response.done",
+]
+
+
+def collapse(types):
+    """Event types with consecutive repeats of delta events folded into one."""
+    out = []
+    for t in types:
+        if not (out and out[-1] == t and t.endswith(".delta")):
+            out.append(t)
+    return out
+
+
+async def test_session_created_first_then_updated_with_the_whole_session(connect):
+    client = await connect(subprotocols=["realtime"])
+    assert client.subprotocol == "realtime"
+    created = await client.recv()
+    assert created["type"] == "session.created"
+    assert created["session"]["id"].startswith("sess_")
+    await client.send({"type": "session.update", "session": {"instructions": "Be terse.",
+                       "audio": {"output": {"voice": "coral"}}}})
+    updated = await client.until("session.updated")
+    assert updated["session"]["instructions"] == "Be terse."
+    assert updated["session"]["audio"]["output"]["voice"] == "coral"
+    assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    await client.ws.disconnect()
+
+
+async def test_voice_turn_events_in_protocol_order(connect):
+    SCRIPT.transcript = "ask not what your country can do for you"
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "session.update",
+                       "session": {"audio": {"input": {"turn_detection": {"silence_duration_ms": 1500}}}}})
+    await client.until("session.updated")
+    for append in speech_appends():
+        await client.send(append)
+    done = await client.until("response.done", timeout=30)
+    types = collapse(client.types()[2:])
+    start = types.index("input_audio_buffer.speech_started")
+    assert types[start:start + len(VOICE_TURN)] == VOICE_TURN
+    assert types[-len(VOICE_TURN_END):] == VOICE_TURN_END
+    assert done["response"]["status"] == "completed"
+    deltas = [e["delta"] for e in client.received if e["type"] == "response.output_audio_transcript.delta"]
+    final = next(e for e in client.received if e["type"] == "response.output_audio_transcript.done")
+    assert "".join(deltas) == final["transcript"] == SCRIPT.reply
+    audio = b"".join(base64.b64decode(e["delta"]) for e in client.received
+                     if e["type"] == "response.output_audio.delta")
+    assert len(audio) % 2 == 0 and len(audio) > 0
+    # the user's words reached the LLM, after the instructions
+    messages = SCRIPT.requests[-1].messages
+    assert messages[0]["role"] == "system"
+    assert messages[-1] == {"role": "user", "content": "ask not what your country can do for you"}
+    await client.ws.disconnect()
+
+
+async def test_text_turn_with_text_output(connect):
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi there"}]}})
+    await client.until("conversation.item.done")
+    await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+    done = await client.until("response.done")
+    types = client.types()
+    assert "response.output_audio.delta" not in types
+    text = "".join(e["delta"] for e in client.received if e["type"] == "response.output_text.delta")
+    assert text == SCRIPT.reply
+    assert done["response"]["output"][0]["content"][0] == {"type": "output_text", "text": SCRIPT.reply}
+    await client.ws.disconnect()
+
+
+async def test_second_response_create_is_one_error_and_the_next_one_works(connect):
+    SCRIPT.token_delay = 0.05
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "response.create"})
+    await client.send({"type": "response.create", "event_id": "evt_second"})
+    error = await client.until("error")
+    assert error["error"]["code"] == "conversation_already_has_active_response"
+    assert error["error"]["event_id"] == "evt_second"
+    await client.until("response.done", timeout=20)
+    await client.send({"type": "response.cancel"})
+    error = await client.until("error")
+    assert error["error"]["code"] == "response_cancel_not_active"
+    SCRIPT.token_delay = 0.0
+    await client.send({"type": "response.create"})
+    done = await client.until("response.done")
+    assert done["response"]["status"] == "completed"
+    assert client.types().count("error") == 2
+    await client.ws.disconnect()
+
+
+async def test_response_cancel_ends_the_response_as_cancelled(connect):
+    SCRIPT.token_delay = 0.05
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "response.create"})
+    created = await client.until("response.created")
+    await client.send({"type": "response.cancel"})
+    done = await client.until("response.done")
+    assert done["response"]["id"] == created["response"]["id"]
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
+    await asyncio.sleep(0.5)  # nothing of the cancelled response may follow its response.done
+    while not await client.ws.receive_nothing(0.2):
+        event = await client.recv()
+        assert event.get("response_id") != created["response"]["id"]
+    await client.ws.disconnect()
+
+
+async def test_full_pool_sends_session_limit_reached_then_closes_1008(connect, scripted_pool):
+    first, second = await connect(), await connect()
+    await first.until("session.created")
+    await second.until("session.created")
+    third = await connect()
+    error = await third.recv()
+    assert error["type"] == "error"
+    assert error["error"]["code"] == "session_limit_reached"
+    closed = await third.ws.receive_output(2)
+    assert closed == {"type": "websocket.close", "code": 1008}
+    await first.ws.disconnect()
+    await second.ws.disconnect()
+
+
+async def test_bad_input_gets_error_events_and_the_session_goes_on(connect):
+    client = await connect()
+    await client.until("session.created")
+    await client.ws.send_to(text_data="{oops")
+    await client.ws.send_to(bytes_data=b"\x00\x01")
+    await client.send({"type": "input_audio_buffer.append", "audio": "@@@"})
+    await client.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()})
+    await client.send({"type": "input_audio_buffer.commit"})
+    await client.send({"type": "session.update", "session": {"audio": {"input": {"format": {
+        "type": "audio/pcm", "rate": 16000}}}}})
+    await client.send({"type": "output_audio_buffer.clear"})
+    codes = [(await client.until("error"))["error"]["code"] for _ in range(7)]
+    assert codes == ["invalid_json", "invalid_frame", "invalid_base64", "invalid_audio",
+                     "input_audio_buffer_commit_empty", "invalid_value", "unsupported_transport"]
+    await client.send({"type": "response.create"})
+    assert (await client.until("response.done"))["response"]["status"] == "completed"
+    await client.ws.disconnect()
+
+
+async def test_released_unit_drains_back_to_idle(connect, scripted_pool):
+    SCRIPT.token_delay = 0.05
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "response.create"})
+    await client.until("response.output_audio.delta")
+    await client.ws.disconnect()
+    for _ in range(100):
+        if all(u["state"] == "idle" for u in scripted_pool.snapshot()):
+            break
+        await asyncio.sleep(0.02)
+    assert [u["state"] for u in scripted_pool.snapshot()] == ["idle", "idle"]
+
+
+async def test_wedged_unit_is_quarantined_and_never_claimed(connect, scripted_pool):
+    SCRIPT.wedge.set()
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "response.create"})
+    await client.until("response.created")
+    await client.ws.disconnect()
+    await asyncio.sleep(1.5)  # RELEASE_AFTER_SECONDS is 1.0 in the scripted pool
+    states = sorted(u["state"] for u in scripted_pool.snapshot())
+    assert states == ["idle", "quarantined"]
+    index = next(u["index"] for u in scripted_pool.snapshot() if u["state"] == "quarantined")
+    SCRIPT.wedge.clear()
+    assert scripted_pool.release_quarantined(index)
+    assert [u["state"] for u in scripted_pool.snapshot()] == ["idle", "idle"]
