@@ -44,6 +44,15 @@ DEFAULTS = {
     # Threads for each library, decided together for a 2-core machine: VAD is tiny and runs
     # alone; STT, LLM and TTS rarely overlap within one turn except LLM and TTS while streaming.
     "THREADS": {"vad": 1, "stt": 2, "llm": 2, "tts": 2},
+    # Close a session that sends nothing for this many seconds (None: never).
+    "IDLE_TIMEOUT_SECONDS": None,
+    # At SIGTERM/SIGINT: seconds to let closed sessions drain before the process exits.
+    "SHUTDOWN_DRAIN_SECONDS": 5.0,
+    # Process heartbeat in the database, and the silence after which a process counts as lost.
+    "HEARTBEAT_SECONDS": 5.0,
+    "LOST_AFTER_SECONDS": 30.0,
+    # A token that may read GET /v1/pool (Authorization: Bearer <token>); staff users always may.
+    "STATUS_TOKEN": None,
     # Defaults of a new session, as in OpenAI's hosted API.
     "DEFAULT_INSTRUCTIONS": (
         "You are a helpful, friendly voice assistant. Answer in one or two short sentences "

@@ -10,6 +10,7 @@ import threading
 import time
 
 from .conf import get_config
+from .records import NoRecords, Records
 from .unit import ACTIVE, DRAINING, IDLE, QUARANTINED, PipelineUnit
 
 log = logging.getLogger(__name__)
@@ -19,26 +20,35 @@ class PoolRegistry:
     """``backends``: the shared models; ``size``: number of units; ``release_after``: seconds a
     released unit may take to drain before it is quarantined.
 
-    ``listeners`` are called as ``listener(unit, old_state, new_state)`` after every change, from
-    whichever thread made it; they must not block.
+    ``records`` (``pool.records``) is told of every unit state change as
+    ``records.unit_changed(unit, old_state, new_state, session_id)`` - from whichever thread made
+    it, so it must not block; ``session_id`` is the session the change concerns.
     """
 
-    def __init__(self, backends, size, release_after):
+    def __init__(self, backends, size, release_after, records=None):
         self._lock = threading.Lock()
         self.release_after = release_after
+        self.records = records or NoRecords()
+        self.accepting = True
         self.units = [PipelineUnit(i, backends, self._on_drained) for i in range(size)]
+        now = time.time()
+        for unit in self.units:
+            unit.state_since = now
         self._drains = {}  # unit index -> (ctx of the draining session, deadline timer)
-        self.listeners = []
+        self._changed = threading.Condition(self._lock)
 
     def _set_state(self, unit, state, session_id=None):
-        old, unit.state, unit.session_id = unit.state, state, session_id
-        unit.state_since = time.time()
-        for listener in self.listeners:
-            listener(unit, old, state)
+        old, concerned = unit.state, session_id or unit.session_id
+        unit.state, unit.session_id, unit.state_since = state, session_id, time.time()
+        self.records.unit_changed(unit, old, state, concerned)
+        self._changed.notify_all()
 
     def claim(self, session_id):
-        """Mark the first idle unit active for ``session_id`` and return it; None when full."""
+        """Mark the first idle unit active for ``session_id`` and return it; None when full
+        (or when the pool has stopped accepting, at shutdown)."""
         with self._lock:
+            if not self.accepting:
+                return None
             for unit in self.units:
                 if unit.state == IDLE:
                     self._set_state(unit, ACTIVE, session_id)
@@ -86,6 +96,17 @@ class PoolRegistry:
             self._set_state(unit, IDLE)
         return True
 
+    def wait_settled(self, timeout):
+        """Block until no unit is active or draining, or ``timeout`` seconds. Returns True if settled."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while any(u.state in (ACTIVE, DRAINING) for u in self.units):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+        return True
+
     def snapshot(self):
         """Every unit as a dict: index, state, session_id, state_since (Unix seconds)."""
         with self._lock:
@@ -93,8 +114,28 @@ class PoolRegistry:
                      "state_since": u.state_since} for u in self.units]
 
     def shutdown(self):
+        """Stop every unit's threads and the recorder (after it wrote what is queued)."""
+        self.accepting = False
         for unit in self.units:
             unit.stop()
+        self.records.stop()
+
+
+def build_registry(config, size=None, record=True):
+    """Load the backends and build a pool of ``size`` units (default ``POOL_SIZE``).
+
+    With ``record``, the process and its units are registered in the database and every session
+    is recorded (``pool.records``); this touches the database synchronously, once.
+    """
+    from .backends import load_backends
+
+    size = size or config["POOL_SIZE"]
+    records = Records(config["RELEASE_AFTER_SECONDS"], config["HEARTBEAT_SECONDS"],
+                      config["LOST_AFTER_SECONDS"]) if record else None
+    registry = PoolRegistry(load_backends(config), size, config["RELEASE_AFTER_SECONDS"], records)
+    if record:
+        records.start(registry.units)
+    return registry
 
 
 _registry = None
@@ -106,12 +147,13 @@ def get_registry():
     global _registry
     with _registry_lock:
         if _registry is None:
-            from .backends import load_backends
-
-            config = get_config()
-            _registry = PoolRegistry(load_backends(config), config["POOL_SIZE"],
-                                     config["RELEASE_AFTER_SECONDS"])
+            _registry = build_registry(get_config())
         return _registry
+
+
+def local_registry():
+    """The process's pool if one is built, else None (never builds one)."""
+    return _registry
 
 
 def set_registry(registry):

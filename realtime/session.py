@@ -15,7 +15,7 @@ from pool.backends.llm import LLMRequest
 from pool.ids import new_id
 
 from . import session_config as sc
-from .audio import InputAudioDecoder, OutputAudioEncoder
+from .audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
 from .errors import ProtocolError
 from .events import require
 
@@ -63,7 +63,10 @@ class RealtimeSession:
                                          defaults["voice"])
         self.items = {}  # item id -> item, in conversation order
         self.response = None  # the active _Response
-        self.counts = {"turns": 0, "responses": 0, "cancelled": 0, "errors": 0}
+        # The session row's counters (pool.models.Session), reported when the session ends.
+        self.stats = {"turns": 0, "responses": 0, "cancelled_responses": 0, "errors": 0,
+                      "stage_failures": 0, "audio_in_seconds": 0.0, "audio_out_seconds": 0.0,
+                      "last_error": ""}
         self._turn_marks = {}
         self._input_format = None
         self._configure_input()
@@ -75,7 +78,8 @@ class RealtimeSession:
 
     def send_error(self, error):
         """Send an ``error`` event for a ProtocolError; the session goes on."""
-        self.counts["errors"] += 1
+        self.stats["errors"] += 1
+        self.stats["last_error"] = f"{error.code}: {error.message}"[:500]
         self.send("error", error=error.to_error())
 
     def start(self):
@@ -105,6 +109,7 @@ class RealtimeSession:
         if not audio:
             raise ProtocolError("invalid_value", "'audio' is empty.", param="audio")
         self._submit(m.AppendInput(audio, event.get("event_id")))
+        self.stats["audio_in_seconds"] += len(audio) * 3 / 4 / bytes_per_second(self._input_format)
 
     def _on_input_audio_buffer_commit(self, event):
         self._submit(m.CommitInput(event.get("event_id")))
@@ -265,7 +270,7 @@ class RealtimeSession:
             raise ProtocolError("server_busy", "The unit cannot take another response now.",
                                 type="server_error", event_id=event_id)
         self.response = response
-        self.counts["responses"] += 1
+        self.stats["responses"] += 1
         self._turn_marks["response_created"] = time.perf_counter()
         self.send("response.created", response=response.body("in_progress"))
 
@@ -336,7 +341,7 @@ class RealtimeSession:
     def _cancel_response(self, reason):
         response, self.response = self.response, None
         response.job.cancelled.set()
-        self.counts["cancelled"] += 1
+        self.stats["cancelled_responses"] += 1
         self._close_item(response, "incomplete")
         self.send("response.done", response=response.body(
             "cancelled", {"type": "cancelled", "reason": reason}))
@@ -402,7 +407,7 @@ class RealtimeSession:
                   item_id=event.item_id)
 
     def _on_input_committed(self, event):
-        self.counts["turns"] += 1
+        self.stats["turns"] += 1
         previous = list(self.items)[-1] if self.items else None
         self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=event.item_id)
         item = {"id": event.item_id, "object": "realtime.item", "type": "message",
@@ -467,6 +472,7 @@ class RealtimeSession:
         for chunk in event.chunks:
             self.send("response.output_audio.delta", delta=chunk, **where)
         response.audio_ms += event.audio_ms
+        self.stats["audio_out_seconds"] += event.audio_ms / 1000
 
     def _on_response_finished(self, event):
         response = self._active(event.response_id)
@@ -487,6 +493,7 @@ class RealtimeSession:
         self._log_turn(response)
 
     def _on_stage_failed(self, event):
+        self.stats["stage_failures"] += 1
         self.send_error(ProtocolError("stage_failed", f"The {event.stage} stage failed: {event.message}",
                                       type="server_error"))
         if self.response is not None and event.stage in ("llm", "tts"):

@@ -1,21 +1,32 @@
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from pool.backends import load_backends
 from pool.backends.scripted import SCRIPT
 from pool.conf import get_config
-from pool.registry import PoolRegistry, set_registry
+from pool.registry import build_registry, set_registry
 
 from .helpers import Client
 
 
+SCRIPTED = {"BACKEND": "scripted", "POOL_SIZE": 2, "RELEASE_AFTER_SECONDS": 1.0}
+
+
 @pytest.fixture
-def scripted_pool(settings):
+def scripted_pool(settings, transactional_db):
     """A pool of 2 units on the scripted test backend (real Silero VAD), installed as the
-    process's pool for the test."""
-    settings.S2S = {"BACKEND": "scripted", "POOL_SIZE": 2, "RELEASE_AFTER_SECONDS": 1.0}
-    config = get_config()
-    registry = PoolRegistry(load_backends(config), config["POOL_SIZE"], config["RELEASE_AFTER_SECONDS"])
+    process's pool for the test; no database records (channels still closes old connections)."""
+    settings.S2S = SCRIPTED
+    yield from _installed(build_registry(get_config(), record=False))
+
+
+@pytest.fixture
+def recorded_pool(settings, transactional_db):
+    """Like ``scripted_pool`` with 1 unit, recording the process, units and sessions."""
+    settings.S2S = {**SCRIPTED, "POOL_SIZE": 1}
+    yield from _installed(build_registry(get_config(), record=True))
+
+
+def _installed(registry):
     previous = set_registry(registry)
     SCRIPT.reset()
     yield registry
@@ -26,8 +37,8 @@ def scripted_pool(settings):
 
 
 @pytest.fixture
-def connect(scripted_pool):
-    """``await connect()`` -> a connected Client on the scripted pool (disconnected after)."""
+def connect():
+    """``await connect()`` -> a connected Client on the installed pool (use with a pool fixture)."""
     from s2s_project.asgi import application
 
     async def _connect(path="/v1/realtime", subprotocols=None):

@@ -20,7 +20,7 @@ from realtime.client import talk
 
 from .helpers import HOTWORDS, JFK, JFK_WORDS, normalise
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio]
+pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
 SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": {"silence_duration_ms": 1500}}}}
 

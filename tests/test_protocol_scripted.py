@@ -9,7 +9,7 @@ from pool.backends.scripted import SCRIPT
 
 from .helpers import speech_appends
 
-pytestmark = pytest.mark.asyncio
+pytestmark = pytest.mark.usefixtures("scripted_pool")
 
 VOICE_TURN = [
     "input_audio_buffer.speech_started",

@@ -26,6 +26,7 @@ class Script:
         self.token_delay = 0.0  # seconds between LLM words
         self.seconds_per_char = 0.01  # TTS audio length per character of text
         self.stt_error = None  # an exception instance the STT raises, or None
+        self.tts_error = None  # an exception instance the TTS raises, or None
         self.wedge = threading.Event()
         self.requests = []  # every LLMRequest the scripted LLM received
 
@@ -63,6 +64,8 @@ class ScriptedTTS:
         return resolve_voice(name, self.voices)
 
     def synthesize(self, text, voice, speed=1.0):
+        if SCRIPT.tts_error is not None:
+            raise SCRIPT.tts_error
         seconds = len(text) * SCRIPT.seconds_per_char / speed
         t = np.arange(int(seconds * 24_000)) / 24_000
         return (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)

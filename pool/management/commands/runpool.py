@@ -1,16 +1,17 @@
 """``manage.py runpool``: load the models, build the pool and serve HTTP and WebSocket (Daphne)."""
 
+import asyncio
 import logging
+import signal
 
 from channels.routing import get_default_application
 from daphne.endpoints import build_endpoint_description_strings
 from daphne.server import Server
 from django.core.management.base import BaseCommand, CommandError
 
-from pool.backends import load_backends
 from pool.conf import get_config
 from pool.prepare import PreparationError
-from pool.registry import PoolRegistry, set_registry
+from pool.registry import build_registry, set_registry
 
 log = logging.getLogger("pool")
 
@@ -29,10 +30,9 @@ class Command(BaseCommand):
         if size < 1:
             raise CommandError("--pool-size must be at least 1")
         try:
-            backends = load_backends(config)  # prepares the model cache first when needed
+            registry = build_registry(config, size)  # prepares the model cache first when needed
         except PreparationError as exc:
             raise CommandError(str(exc)) from exc
-        registry = PoolRegistry(backends, size, config["RELEASE_AFTER_SECONDS"])
         set_registry(registry)
         # Daphne refuses (close 1009) only messages far above our own limit; between the two,
         # the consumer answers with an ``error`` event and the session goes on.
@@ -40,11 +40,10 @@ class Command(BaseCommand):
         server = Server(
             get_default_application(),
             endpoints=build_endpoint_description_strings(host=options["host"], port=options["port"]),
-            signal_handlers=True,  # SIGINT and SIGTERM stop the reactor; run() then returns
+            signal_handlers=False,  # ours below: close sessions with 1001 and drain first
             websocket_max_message_size=daphne_limit,
             websocket_max_frame_size=daphne_limit,
-            ready_callable=lambda: log.info("pool of %d units serving on http://%s:%d (WebSocket "
-                                            "/v1/realtime)", size, options["host"], options["port"]),
+            ready_callable=lambda: self._ready(registry, config, options, size),
             verbosity=0,
         )
         try:
@@ -52,3 +51,30 @@ class Command(BaseCommand):
         finally:
             registry.shutdown()
             log.info("pool stopped")
+
+    def _ready(self, registry, config, options, size):
+        from twisted.internet import reactor
+
+        def on_signal(signum, frame):
+            if not registry.accepting:  # a second signal: stop now
+                reactor.callFromThread(reactor.stop)
+                return
+            log.info("%s: closing sessions and draining", signal.Signals(signum).name)
+            registry.accepting = False
+            reactor.callFromThread(lambda: asyncio.ensure_future(self._shutdown(registry, config)))
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        log.info("pool of %d units serving on http://%s:%d (WebSocket /v1/realtime)", size,
+                 options["host"], options["port"])
+
+    @staticmethod
+    async def _shutdown(registry, config):
+        from twisted.internet import reactor
+
+        from realtime.consumers import close_all
+
+        closed = await close_all()
+        settled = await asyncio.to_thread(registry.wait_settled, config["SHUTDOWN_DRAIN_SECONDS"])
+        log.info("closed %d sessions; drained: %s", closed, settled)
+        reactor.stop()

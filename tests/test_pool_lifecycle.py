@@ -1,0 +1,250 @@
+"""Unit lifecycle, session records and the admin pool console, on the scripted backend."""
+
+import asyncio
+import os
+import threading
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.test import Client as HttpClient
+from django.utils import timezone
+
+from pool.backends.scripted import SCRIPT
+from pool.models import ServerProcess, Session, Unit
+from pool.records import Records
+
+
+
+
+async def wait_for(predicate, timeout=5.0):
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await asyncio.to_thread(predicate):
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def unit_state(registry, index=0):
+    return registry.snapshot()[index]["state"]
+
+
+def staff(username, release=False):
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_unit", "view_quarantinedunit",
+                                                                          "view_session"]))
+    if release:
+        user.user_permissions.add(Permission.objects.get(codename="release_unit"))
+    return user
+
+
+def post_release_action(username, unit_pk):
+    """Log in, load the quarantined-units page, post the Release action with its CSRF token."""
+    browser = HttpClient(enforce_csrf_checks=True)
+    assert browser.login(username=username, password="pw")
+    page = browser.get("/admin/pool/quarantinedunit/")
+    assert page.status_code == 200
+    token = browser.cookies["csrftoken"].value
+    reply = browser.post("/admin/pool/quarantinedunit/", {
+        "action": "release_units", "_selected_action": [str(unit_pk)], "csrfmiddlewaretoken": token,
+    }, follow=True)
+    assert reply.status_code == 200
+    return reply
+
+
+async def test_wedged_unit_quarantined_then_released_by_an_operator_restores_capacity(recorded_pool, connect):
+    SCRIPT.wedge.set()
+    client = await connect()
+    created = await client.until("session.created")
+    session_id = created["session"]["id"]
+    await client.send({"type": "response.create"})
+    await client.until("response.created")
+    await client.ws.disconnect()  # mid-response, with the LLM stage wedged
+    await wait_for(lambda: unit_state(recorded_pool) == "quarantined", timeout=5)
+
+    # While quarantined, the unit is never claimed.
+    refused = await connect()
+    assert (await refused.recv())["error"]["code"] == "session_limit_reached"
+    await refused.ws.disconnect()
+
+    assert recorded_pool.records.flush()
+    row = await Session.objects.aget(session_id=session_id)
+    assert row.state == Session.QUARANTINED and row.quarantined_at and row.end_reason == "client_close"
+    assert row.release_after is not None and row.drained_at is None
+    unit_row = await Unit.objects.aget(process_id=recorded_pool.records.process_id, index=0)
+    assert unit_row.state == Unit.QUARANTINED
+
+    await asyncio.to_thread(staff, "watcher")
+    await asyncio.to_thread(staff, "operator", True)
+    reply = await asyncio.to_thread(post_release_action, "watcher", unit_row.pk)
+    assert unit_state(recorded_pool) == "quarantined"  # staff without release_unit cannot
+    assert b"released" not in reply.content
+    reply = await asyncio.to_thread(post_release_action, "operator", unit_row.pk)
+    assert b"released: fresh handler threads" in reply.content
+    assert unit_state(recorded_pool) == "idle"
+
+    assert recorded_pool.records.flush()
+    row = await Session.objects.select_related("released_by").aget(session_id=session_id)
+    assert row.state == Session.RELEASED and row.released_by.username == "operator" and row.released_at
+    # The old wedged thread is abandoned; the fresh unit completes a turn.
+    SCRIPT.wedge.clear()
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "response.create"})
+    assert (await client.until("response.done"))["response"]["status"] == "completed"
+    await client.ws.disconnect()
+
+
+async def test_session_row_records_the_life_of_a_session(recorded_pool, connect):
+    client = await connect()
+    session_id = (await client.until("session.created"))["session"]["id"]
+    await client.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+    await client.send({"type": "response.create"})
+    await client.until("response.done")
+    await client.send({"type": "response.cancel"})
+    await client.until("error")
+    await client.ws.disconnect()
+    await wait_for(lambda: unit_state(recorded_pool) == "idle")
+    assert recorded_pool.records.flush()
+    row = await Session.objects.aget(session_id=session_id)
+    assert row.state == Session.ENDED
+    assert row.created_at <= row.ended_at <= row.drained_at < row.release_after
+    assert (row.responses, row.errors, row.turns) == (1, 1, 0)
+    assert row.audio_out_seconds > 0
+    assert row.last_error.startswith("response_cancel_not_active")
+    assert row.process_id == recorded_pool.records.process_id
+
+
+async def test_idle_session_is_closed_with_an_error_and_a_normal_close(recorded_pool, connect, settings):
+    settings.S2S = {**settings.S2S, "IDLE_TIMEOUT_SECONDS": 0.3}
+    client = await connect()
+    session_id = (await client.until("session.created"))["session"]["id"]
+    error = await client.until("error", timeout=3)
+    assert error["error"]["code"] == "idle_timeout"
+    assert await client.ws.receive_output(2) == {"type": "websocket.close", "code": 1000}
+    await client.ws.disconnect()
+    await wait_for(lambda: unit_state(recorded_pool) == "idle")
+    assert recorded_pool.records.flush()
+    row = await Session.objects.aget(session_id=session_id)
+    assert (row.end_reason, row.close_code) == ("idle_timeout", 1000)
+
+
+async def test_a_failing_stage_fails_the_response_and_its_thread_lives_on(recorded_pool, connect):
+    SCRIPT.tts_error = RuntimeError("synthesizer exploded")
+    client = await connect()
+    session_id = (await client.until("session.created"))["session"]["id"]
+    await client.send({"type": "response.create"})
+    error = await client.until("error")
+    assert error["error"]["code"] == "stage_failed" and "synthesizer exploded" in error["error"]["message"]
+    assert (await client.until("response.done"))["response"]["status"] == "failed"
+    SCRIPT.tts_error = None
+    await asyncio.sleep(0.2)
+    await client.send({"type": "response.create"})
+    assert (await client.until("response.done"))["response"]["status"] == "completed"
+    await client.ws.disconnect()
+    await wait_for(lambda: unit_state(recorded_pool) == "idle")
+    assert recorded_pool.records.flush()
+    row = await Session.objects.aget(session_id=session_id)
+    assert row.stage_failures >= 1 and row.responses == 2
+
+
+async def test_session_values_never_leak_to_the_next_session_on_the_unit(recorded_pool, connect):
+    client = await connect()
+    defaults = (await client.until("session.created"))["session"]
+    await client.send({"type": "session.update", "session": {
+        "instructions": "Talk like a pirate.", "output_modalities": ["text"],
+        "audio": {"input": {"turn_detection": {"threshold": 0.95, "silence_duration_ms": 1200}},
+                  "output": {"voice": "echo", "speed": 1.4}}}})
+    await client.until("session.updated")
+    await client.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "secret"}]}})
+    await client.until("conversation.item.done")
+    await client.ws.disconnect()
+    await wait_for(lambda: unit_state(recorded_pool) == "idle")
+    client = await connect()
+    fresh = (await client.until("session.created"))["session"]
+    assert {k: v for k, v in fresh.items() if k != "id"} == {k: v for k, v in defaults.items() if k != "id"}
+    await client.send({"type": "response.create"})
+    await client.until("response.done")
+    assert all("secret" not in m["content"] for m in SCRIPT.requests[-1].messages)
+    assert "pirate" not in SCRIPT.requests[-1].messages[0]["content"]
+    await client.ws.disconnect()
+
+
+def _threads():
+    """Thread names, without the event loop's own bounded executor (asyncio.to_thread)."""
+    return sorted(t.name for t in threading.enumerate() if not t.name.startswith("asyncio_"))
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_300_sessions_leave_no_threads_fds_or_stray_rows(recorded_pool, connect):
+    append = {"type": "input_audio_buffer.append", "audio": "AAAAAAAAAAAAAAAA"}
+
+    async def cycle():
+        client = await connect()
+        await client.until("session.created")
+        await client.send(append)
+        await client.ws.disconnect()
+        await wait_for(lambda: unit_state(recorded_pool) == "idle")
+
+    await cycle()  # warm up lazily created resources
+    threads, fds = _threads(), _fds()
+    for _ in range(300):
+        await cycle()
+    await asyncio.sleep(0.2)
+    assert recorded_pool.records.flush(timeout=30)
+    assert _threads() == threads
+    assert _fds() <= fds + 2
+    process = recorded_pool.records.process_id
+    assert await Session.objects.filter(process_id=process).acount() == 301
+    assert await Session.objects.filter(process_id=process).exclude(state=Session.ENDED).acount() == 0
+    assert await Unit.objects.filter(process_id=process).acount() == 1
+
+
+@pytest.mark.django_db
+def test_admin_pages_render_with_units_in_every_state(admin_client):
+    now = timezone.now()
+    process = ServerProcess.objects.create(host="h", pid=1, pool_size=4, heartbeat_at=now)
+    for index, state in enumerate(["idle", "active", "draining", "quarantined"]):
+        Unit.objects.create(process=process, index=index, state=state, session_id=f"sess_{index}",
+                            state_since=now)
+        Session.objects.create(session_id=f"sess_{index}", process=process, unit_index=index,
+                               created_at=now, state={"idle": "ended"}.get(state, state))
+    pages = ["/admin/pool/unit/", "/admin/pool/quarantinedunit/", "/admin/pool/session/",
+             "/admin/pool/serverprocess/", "/admin/pool/session/?state__exact=quarantined",
+             f"/admin/pool/session/{Session.objects.first().pk}/change/", "/admin/"]
+    for page in pages:
+        assert admin_client.get(page).status_code == 200, page
+    pool_page = admin_client.get("/admin/pool/unit/").content.decode()
+    assert pool_page.count("quarantined") >= 1 and "#c62828" in pool_page
+    assert admin_client.get("/admin/pool/quarantinedunit/").context["cl"].result_count == 1
+
+
+@pytest.mark.django_db
+def test_pool_status_is_for_staff_or_the_token(client, admin_client, settings, scripted_pool):
+    settings.S2S = {**settings.S2S, "STATUS_TOKEN": "s3cret"}
+    assert client.get("/v1/pool").status_code == 403
+    assert client.get("/v1/pool", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+    status = client.get("/v1/pool", HTTP_AUTHORIZATION="Bearer s3cret").json()
+    assert status["pool_size"] == 2 and [u["state"] for u in status["units"]] == ["idle", "idle"]
+    assert admin_client.get("/v1/pool").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_processes_that_stopped_heart_beating_are_lost_with_their_sessions():
+    old = timezone.now() - timedelta(minutes=5)
+    crashed = ServerProcess.objects.create(host="h", pid=2, pool_size=1, heartbeat_at=old)
+    Session.objects.create(session_id="sess_open", process=crashed, unit_index=0, created_at=old)
+    records = Records(release_after=10, heartbeat_seconds=60, lost_after_seconds=30)
+    records.start([])
+    try:
+        crashed.refresh_from_db()
+        row = Session.objects.get(session_id="sess_open")
+        assert crashed.state == ServerProcess.LOST
+        assert (row.state, row.end_reason) == (Session.LOST, Session.LOST) and row.ended_at
+    finally:
+        records.stop()
+    assert ServerProcess.objects.get(pk=records.process_id).state == ServerProcess.STOPPED
