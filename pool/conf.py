@@ -44,6 +44,8 @@ DEFAULTS = {
     # Threads for each library, decided together for a 2-core machine: VAD is tiny and runs
     # alone; STT, LLM and TTS rarely overlap within one turn except LLM and TTS while streaming.
     "THREADS": {"vad": 1, "stt": 2, "llm": 2, "tts": 2},
+    # A connect that finds every unit busy but some draining waits this long for one (seconds).
+    "CLAIM_WAIT_SECONDS": 3.0,
     # Close a session that sends nothing for this many seconds (None: never).
     "IDLE_TIMEOUT_SECONDS": None,
     # At SIGTERM/SIGINT: seconds to let closed sessions drain before the process exits.

@@ -43,17 +43,31 @@ class PoolRegistry:
         self.records.unit_changed(unit, old, state, concerned)
         self._changed.notify_all()
 
-    def claim(self, session_id):
+    def claim(self, session_id, wait=0.0):
         """Mark the first idle unit active for ``session_id`` and return it; None when full
-        (or when the pool has stopped accepting, at shutdown)."""
+        (or when the pool has stopped accepting, at shutdown).
+
+        With ``wait`` > 0 (seconds), a pool whose units are busy but partly draining waits for
+        one to become idle: a client that reconnects right after a disconnect gets its unit
+        back. Blocks the calling thread for up to ``wait``; a pool with nothing draining answers
+        at once.
+        """
+        deadline = time.monotonic() + wait
         with self._lock:
-            if not self.accepting:
-                return None
-            for unit in self.units:
-                if unit.state == IDLE:
-                    self._set_state(unit, ACTIVE, session_id)
-                    return unit
+            while self.accepting:
+                for unit in self.units:
+                    if unit.state == IDLE:
+                        self._set_state(unit, ACTIVE, session_id)
+                        return unit
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self.draining():
+                    break
+                self._changed.wait(remaining)
         return None
+
+    def draining(self):
+        """True when some unit is draining (and may soon be idle)."""
+        return any(unit.state == DRAINING for unit in self.units)
 
     def release(self, unit):
         """End the unit's session: it drains in the background; idle when drained, quarantined

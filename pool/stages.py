@@ -11,6 +11,8 @@ import binascii
 import collections
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
@@ -253,15 +255,36 @@ class LLMStage:
 
 
 class TTSStage:
-    """Speaks phrases and sends their audio in DELTA_MS chunks; closes each response."""
+    """Speaks phrases and sends their audio in DELTA_MS chunks; closes each response.
+
+    Synthesis of one phrase cannot be interrupted (one ONNX run, up to ~1.5 s), so it runs on the
+    stage's own worker thread while the stage waits, watching for cancellation: a cancelled or
+    closed session frees the stage (and so the drain) within CANCEL_POLL_SECONDS; the worker
+    finishes the stale phrase and drops it.
+    """
 
     name = "tts"
+    CANCEL_POLL_SECONDS = 0.02
 
-    def __init__(self, backends):
+    def __init__(self, backends, thread_name="tts-worker"):
         self._tts = backends.tts
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
 
     def end_session(self):
         pass
+
+    def stop(self):
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _synthesize(self, ctx, job, text):
+        """float32 @ 24 kHz, or None when the response was cancelled or the session closed."""
+        future = self._worker.submit(self._tts.synthesize, text, job.voice, job.speed)
+        while True:
+            try:
+                return future.result(timeout=self.CANCEL_POLL_SECONDS)
+            except FutureTimeout:
+                if job.cancelled.is_set() or ctx.closed:
+                    return None
 
     def handle(self, ctx, msg):
         job = msg.job
@@ -274,7 +297,9 @@ class TTSStage:
             return
         started = time.perf_counter()
         text = msg.text.strip()
-        samples = self._tts.synthesize(text, job.voice, job.speed) if text else np.zeros(0, np.float32)
+        samples = self._synthesize(ctx, job, text) if text else np.zeros(0, np.float32)
+        if samples is None:
+            return
         job.timings.setdefault("tts_first_audio", time.perf_counter())
         self._send(ctx, job, msg.text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE,
                    time.perf_counter() - started)

@@ -39,7 +39,7 @@ class _Chain:
             VADStage(backends, self.inboxes["stt"]),
             STTStage(backends),
             LLMStage(backends, self.inboxes["tts"]),
-            TTSStage(backends),
+            TTSStage(backends, thread_name=f"unit{unit.index}-tts-worker"),
         ]
         self.unit = unit
         self.abandoned = False
@@ -78,6 +78,9 @@ class _Chain:
 
     def stop(self):
         self.abandoned = True
+        for stage in self.stages:
+            if hasattr(stage, "stop"):
+                stage.stop()
         for inbox in self.inboxes.values():
             try:
                 inbox.put_nowait(_STOP)

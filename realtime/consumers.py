@@ -50,6 +50,9 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         session_id = new_id("sess")
         self.registry = await asyncio.to_thread(get_registry)  # loads the models on first use
         self.unit = self.registry.claim(session_id)
+        if self.unit is None and self.registry.draining():
+            self.unit = await asyncio.to_thread(self.registry.claim, session_id,
+                                                get_config()["CLAIM_WAIT_SECONDS"])
         if self.unit is None:
             await self._refuse("session_limit_reached",
                                "Every unit of this server's pool is busy; try again later.")
@@ -138,6 +141,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             return
         LIVE.discard(self)
         session, self.session = self.session, None
+        session.close()
         for task in (self.sender, self.watchdog):
             if task:
                 task.cancel()

@@ -86,6 +86,11 @@ class RealtimeSession:
         """The first server event of every session."""
         self.send("session.created", session=copy.deepcopy(self.config))
 
+    def close(self):
+        """The client is gone: stop the active response's generation and speech now."""
+        if self.response is not None:
+            self.response.job.cancelled.set()
+
     # --- client events ---------------------------------------------------------------------
 
     def handle_client_event(self, event):

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -31,35 +32,55 @@ def _free_port():
         return s.getsockname()[1]
 
 
+class LiveServer:
+    """``manage.py runpool`` in a subprocess with its own SQLite file, ready once /healthz answers."""
+
+    def __init__(self, folder, pool_size=1, env=None):
+        self.port = _free_port()
+        self.base_url = f"ws://127.0.0.1:{self.port}/v1"
+        self.db = folder / "db.sqlite3"
+        self.log = folder / "server.log"
+        env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), **(env or {})}
+        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env,
+                       check=True)
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
+                 str(pool_size)], cwd=ROOT, env=env, stdout=log, stderr=log)
+        deadline = time.monotonic() + 300
+        while not self._healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                pytest.fail(f"runpool did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def _healthy(self):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def stop(self, timeout=30):
+        """SIGTERM; returns the exit code. Fails the test if the server does not stop in time."""
+        self.process.terminate()
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            pytest.fail(f"runpool did not stop on SIGTERM within {timeout} s")
+
+    def query(self, sql):
+        with sqlite3.connect(self.db) as db:
+            return db.execute(sql).fetchall()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """``runpool --pool-size 1`` in a subprocess; yields its base URL once /healthz answers."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "S2S_SQLITE_PATH": str(log_path.parent / "db.sqlite3")}
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "manage.py", "runpool", "--port", str(port),
-                                    "--pool-size", "1"], cwd=ROOT, env=env, stdout=log, stderr=log)
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as reply:
-                if reply.status == 200:
-                    break
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"runpool did not start:\n{log_path.read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield {"base_url": f"ws://127.0.0.1:{port}/v1", "port": port, "log": log_path}
-    process.terminate()
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        pytest.fail("runpool did not stop on SIGTERM within 30 s")
+    """The real default models, a pool of one unit."""
+    live = LiveServer(tmp_path_factory.mktemp("server"))
+    yield {"base_url": live.base_url, "port": live.port, "log": live.log}
+    assert live.stop() == 0
 
 
 async def _wait_idle(port, timeout=10):
@@ -133,3 +154,79 @@ async def test_pool_of_one_refuses_a_second_client_with_1008_then_serves_the_nex
     assert result.status == "completed"
     assert "folder" in normalise(result.user_transcript)
     assert len(result.audio) > 0
+
+
+async def test_settings_of_one_session_never_reach_the_next_on_the_unit(server):
+    from openai import AsyncOpenAI
+
+    await _wait_idle(server["port"])
+    client = AsyncOpenAI(api_key="local", websocket_base_url=server["base_url"])
+    async with client.realtime.connect(model="s2s-default") as conn:
+        defaults = (await conn.recv()).session
+        await conn.session.update(session={
+            "type": "realtime", "instructions": "Answer only in French.",
+            "audio": {"input": {"turn_detection": {"threshold": 0.95, "silence_duration_ms": 200}},
+                      "output": {"voice": "echo"}}})
+        updated = (await conn.recv()).session
+        assert updated.audio.input.turn_detection.threshold == 0.95
+    await _wait_idle(server["port"])
+    received = []
+    result = await talk(server["base_url"], JFK, session=SESSION, on_event=received.append, timeout_s=180)
+    fresh = received[0].session
+    assert fresh.instructions == defaults.instructions
+    assert fresh.audio.input.turn_detection.threshold == 0.5
+    assert fresh.audio.output.voice == defaults.audio.output.voice
+    # One turn for the whole sentence: the 200 ms silence of the last session would have cut it.
+    assert [e.type for e in received].count("input_audio_buffer.committed") == 1
+    assert JFK_WORDS in normalise(result.user_transcript)
+    assert result.status == "completed" and len(result.audio) > 0
+
+
+async def test_disconnect_mid_audio_and_reconnect_at_once_gets_a_clean_unit(server):
+    from openai import AsyncOpenAI
+
+    from realtime.client import load_audio, pcm16_chunks
+
+    await _wait_idle(server["port"])
+    client = AsyncOpenAI(api_key="local", websocket_base_url=server["base_url"])
+    speech = np.concatenate([load_audio(HOTWORDS), np.zeros(48_000, np.float32)])
+    async with client.realtime.connect(model="s2s-default") as conn:
+        await conn.session.update(session=SESSION)
+        for chunk in pcm16_chunks(speech):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
+        async for event in conn:
+            if event.type == "response.output_audio.delta":
+                old_response = event.response_id
+                break
+    left = time.monotonic()
+    async with client.realtime.connect(model="s2s-default") as conn:
+        created = await conn.recv()
+        assert created.type == "session.created"
+        assert time.monotonic() - left < 1.5  # the unit drained and was claimed again
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello."}]})
+        await conn.response.create()
+        events = []
+        async for event in conn:
+            events.append(event)
+            if event.type == "response.done":
+                break
+    carried = [e.type for e in events if old_response in json.dumps(e.to_dict())]
+    assert carried == []
+    assert events[-1].response.status == "completed"
+
+
+async def test_sigterm_closes_sessions_with_1001_and_records_their_end(tmp_path):
+    live = LiveServer(tmp_path, env={"S2S_BACKEND": "scripted"})
+    async with websockets.connect(f"{live.base_url}/realtime") as ws:
+        created = json.loads(await ws.recv())
+        assert created["type"] == "session.created"
+        code = await asyncio.to_thread(live.stop)
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                await ws.recv()
+        assert ws.close_code == 1001
+    assert code == 0
+    rows = live.query("select end_reason, close_code, ended_at is not null from pool_session")
+    assert rows == [("shutdown", 1001, 1)]
+    assert live.query("select state from pool_serverprocess") == [("stopped",)]
