@@ -90,6 +90,16 @@ class Phrase:
 
 
 @dataclass
+class FunctionCall:
+    """The LLM asks the client to run a function (LLM -> TTS, to keep output order)."""
+
+    job: ResponseJob
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+
+
+@dataclass
 class JobEnd:
     job: ResponseJob
     usage: dict
@@ -161,6 +171,14 @@ class ResponseAudio:
     chunks: list
     audio_ms: float
     tts_seconds: float
+
+
+@dataclass
+class ResponseFunctionCall:
+    response_id: str
+    call_id: str
+    name: str
+    arguments: str
 
 
 @dataclass

@@ -242,9 +242,15 @@ class LLMStage:
         def should_stop():
             return job.cancelled.is_set() or ctx.closed
 
+        def on_function_call(name, arguments, call_id=None):
+            rest = splitter.flush()  # text said before the call is spoken before it
+            if rest.strip() and job.modality == "audio":
+                self._tts_inbox.put((ctx, m.Phrase(job, rest)))
+            self._tts_inbox.put((ctx, m.FunctionCall(job, call_id or new_id("call"), name, arguments)))
+
         error, usage = None, {}
         try:
-            usage = self._llm.generate(job.request, on_text, should_stop)
+            usage = self._llm.generate(job.request, on_text, should_stop, on_function_call)
         except Exception as exc:  # noqa: BLE001 - a model failure fails the response, not the thread
             error = f"{type(exc).__name__}: {exc}"
         rest = splitter.flush()
@@ -255,7 +261,8 @@ class LLMStage:
 
 
 class TTSStage:
-    """Speaks phrases and sends their audio in DELTA_MS chunks; closes each response.
+    """Speaks phrases and sends their audio in DELTA_MS chunks; passes function calls on and
+    closes each response, in the order the LLM produced them.
 
     Synthesis of one phrase cannot be interrupted (one ONNX run, up to ~1.5 s), so it runs on the
     stage's own worker thread while the stage waits, watching for cancellation: a cancelled or
@@ -288,6 +295,9 @@ class TTSStage:
 
     def handle(self, ctx, msg):
         job = msg.job
+        if isinstance(msg, m.FunctionCall):
+            ctx.emit(m.ResponseFunctionCall(job.response_id, msg.call_id, msg.name, msg.arguments))
+            return
         if isinstance(msg, m.JobEnd):
             if not job.cancelled.is_set():
                 self._send(ctx, job, "", job.encoder.encode(np.zeros(0, np.float32), last=True), 0.0, 0.0)

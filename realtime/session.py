@@ -29,9 +29,17 @@ class _Response:
         self.in_conversation = conversation
         self.metadata = metadata
         self.modality = modality
-        self.item = None  # the assistant message item, created with the first output
-        self.text = []  # transcript (audio) or text deltas, in order
+        self.output = []  # output items in order (messages and function calls)
+        self.item = None  # the open assistant message item, created with its first output
+        self.text = []  # its transcript (audio) or text deltas, in order
         self.audio_ms = 0.0
+
+    def where(self, item, content=True):
+        """The addressing fields of an output item's events."""
+        fields = {"response_id": self.id, "item_id": item["id"], "output_index": self.output.index(item)}
+        if content:
+            fields["content_index"] = 0
+        return fields
 
     def body(self, status, status_details=None, usage=None):
         return {
@@ -39,7 +47,7 @@ class _Response:
             "id": self.id,
             "status": status,
             "status_details": status_details,
-            "output": [copy.deepcopy(self.item)] if self.item else [],
+            "output": [_public(item) for item in self.output],
             "conversation_id": "auto" if self.in_conversation else None,
             "output_modalities": [self.modality],
             "metadata": self.metadata,
@@ -351,29 +359,41 @@ class RealtimeSession:
         self.send("response.done", response=response.body(
             "cancelled", {"type": "cancelled", "reason": reason}))
 
-    def _open_item(self, response):
-        item = {"id": new_id("item"), "object": "realtime.item", "type": "message",
-                "status": "in_progress", "role": "assistant", "content": []}
-        response.item = item
+    def _add_output(self, response, item):
+        response.output.append(item)
         if response.in_conversation:
             previous = list(self.items)[-1] if self.items else None
             self.items[item["id"]] = item
             self.send("conversation.item.added", previous_item_id=previous, item=_public(item))
-        self.send("response.output_item.added", response_id=response.id, output_index=0,
-                  item=_public(item))
-        part = ({"type": "audio", "transcript": ""} if response.modality == "audio"
-                else {"type": "text", "text": ""})
-        item["content"].append({"type": "output_audio", "transcript": ""} if response.modality == "audio"
-                               else {"type": "output_text", "text": ""})
-        self.send("response.content_part.added", response_id=response.id, item_id=item["id"],
-                  output_index=0, content_index=0, part=part)
+        self.send("response.output_item.added", response_id=response.id,
+                  output_index=len(response.output) - 1, item=_public(item))
+
+    def _finish_output(self, response, item, status):
+        item["status"] = status
+        self.send("response.output_item.done", response_id=response.id,
+                  output_index=response.output.index(item), item=_public(item))
+        if response.in_conversation:
+            self.send("conversation.item.done", item=_public(item))
+
+    def _open_item(self, response):
+        item = {"id": new_id("item"), "object": "realtime.item", "type": "message",
+                "status": "in_progress", "role": "assistant", "content": []}
+        response.item, response.text, response.audio_ms = item, [], 0.0
+        self._add_output(response, item)
+        if response.modality == "audio":
+            item["content"].append({"type": "output_audio", "transcript": ""})
+            part = {"type": "audio", "transcript": ""}
+        else:
+            item["content"].append({"type": "output_text", "text": ""})
+            part = {"type": "text", "text": ""}
+        self.send("response.content_part.added", part=part, **response.where(item))
 
     def _close_item(self, response, status):
-        item = response.item
+        item, response.item = response.item, None
         if item is None:
             return
         text = "".join(response.text)
-        where = {"response_id": response.id, "item_id": item["id"], "output_index": 0, "content_index": 0}
+        where = response.where(item)
         if response.modality == "audio":
             item["content"][0]["transcript"] = text
             self.send("response.output_audio.done", **where)
@@ -384,11 +404,8 @@ class RealtimeSession:
             self.send("response.output_text.done", text=text, **where)
             part = {"type": "text", "text": text}
         self.send("response.content_part.done", part=part, **where)
-        item["status"] = status
         item["_audio_ms"] = response.audio_ms
-        self.send("response.output_item.done", response_id=response.id, output_index=0, item=_public(item))
-        if response.in_conversation:
-            self.send("conversation.item.done", item=_public(item))
+        self._finish_output(response, item, status)
 
     # --- pipeline events -------------------------------------------------------------------
 
@@ -435,6 +452,9 @@ class RealtimeSession:
             return  # deleted while it was transcribed
         item["content"][0]["transcript"] = event.transcript
         if self.config["audio"]["input"]["transcription"] is not None:
+            # Whisper transcribes the whole item at once: one delta, then completed.
+            self.send("conversation.item.input_audio_transcription.delta", item_id=event.item_id,
+                      content_index=0, delta=event.transcript)
             self.send("conversation.item.input_audio_transcription.completed",
                       item_id=event.item_id, content_index=0, transcript=event.transcript,
                       usage={"type": "duration", "seconds": round(event.audio_seconds, 3)})
@@ -459,8 +479,7 @@ class RealtimeSession:
         if response.item is None:
             self._open_item(response)
         response.text.append(event.text)
-        self.send("response.output_text.delta", response_id=response.id, item_id=response.item["id"],
-                  output_index=0, content_index=0, delta=event.text)
+        self.send("response.output_text.delta", delta=event.text, **response.where(response.item))
 
     def _on_response_audio(self, event):
         response = self._active(event.response_id)
@@ -469,8 +488,7 @@ class RealtimeSession:
         if response.item is None:
             self._open_item(response)
             self._turn_marks["first_audio"] = time.perf_counter()
-        where = {"response_id": response.id, "item_id": response.item["id"], "output_index": 0,
-                 "content_index": 0}
+        where = response.where(response.item)
         if event.transcript:
             response.text.append(event.transcript)
             self.send("response.output_audio_transcript.delta", delta=event.transcript, **where)
@@ -496,6 +514,20 @@ class RealtimeSession:
         self._close_item(response, "completed")
         self.send("response.done", response=response.body("completed", None, usage))
         self._log_turn(response)
+
+    def _on_response_function_call(self, event):
+        response = self._active(event.response_id)
+        if response is None:
+            return
+        self._close_item(response, "completed")
+        item = {"id": new_id("item"), "object": "realtime.item", "type": "function_call",
+                "status": "in_progress", "call_id": event.call_id, "name": event.name, "arguments": ""}
+        self._add_output(response, item)
+        where = {**response.where(item, content=False), "call_id": event.call_id}
+        self.send("response.function_call_arguments.delta", delta=event.arguments, **where)
+        item["arguments"] = event.arguments
+        self.send("response.function_call_arguments.done", name=event.name, arguments=event.arguments, **where)
+        self._finish_output(response, item, "completed")
 
     def _on_stage_failed(self, event):
         self.stats["stage_failures"] += 1
@@ -531,11 +563,13 @@ def _public(item):
 
 
 def _item_message(item):
-    """A conversation item as a chat message for the LLM (None when it has no text)."""
+    """A conversation item as a chat-completions message for the LLM (None when it has no text)."""
     if item["type"] == "function_call":
-        return {"role": "assistant", "content": f"[called {item['name']}({item['arguments']})]"}
+        return {"role": "assistant", "content": None, "tool_calls": [{
+            "id": item["call_id"], "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]}}]}
     if item["type"] == "function_call_output":
-        return {"role": "user", "content": f"[function result: {item['output']}]"}
+        return {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
     texts = []
     for part in item.get("content", []):
         text = part.get("text") if part.get("type") in ("input_text", "text", "output_text") else part.get("transcript")
@@ -556,6 +590,7 @@ _PIPELINE_HANDLERS = {
     m.TranscriptionFailed: RealtimeSession._on_transcription_failed,
     m.ResponseText: RealtimeSession._on_response_text,
     m.ResponseAudio: RealtimeSession._on_response_audio,
+    m.ResponseFunctionCall: RealtimeSession._on_response_function_call,
     m.ResponseFinished: RealtimeSession._on_response_finished,
     m.StageFailed: RealtimeSession._on_stage_failed,
 }

@@ -17,6 +17,7 @@ VOICE_TURN = [
     "input_audio_buffer.committed",
     "conversation.item.added",
     "conversation.item.done",
+    "conversation.item.input_audio_transcription.delta",
     "conversation.item.input_audio_transcription.completed",
     "response.created",
     "conversation.item.added",

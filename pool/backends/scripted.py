@@ -29,6 +29,7 @@ class Script:
         self.tts_error = None  # an exception instance the TTS raises, or None
         self.wedge = threading.Event()
         self.requests = []  # every LLMRequest the scripted LLM received
+        self.tool_arguments = '{"city": "Paris"}'  # arguments of scripted function calls
 
 
 SCRIPT = Script()
@@ -42,9 +43,18 @@ class ScriptedSTT:
 
 
 class ScriptedLLM:
-    def generate(self, request, on_text, should_stop):
+    """Replies ``SCRIPT.reply``; with tools offered and a user message last, calls the first
+    offered tool with ``SCRIPT.tool_arguments``; after a function result, says what it returned."""
+
+    def generate(self, request, on_text, should_stop, on_function_call=None):
         SCRIPT.requests.append(request)
-        words = SCRIPT.reply.split(" ")[: request.max_output_tokens]
+        last = request.messages[-1]
+        tools = request.offered_tools()
+        if tools and on_function_call and last["role"] == "user":
+            on_function_call(tools[0]["name"], SCRIPT.tool_arguments)
+            return {"input_tokens": len(request.messages), "output_tokens": 1}
+        reply = f"The function returned {last['content']}." if last["role"] == "tool" else SCRIPT.reply
+        words = reply.split(" ")[: request.max_output_tokens]
         for i, word in enumerate(words):
             while SCRIPT.wedge.is_set():  # a wedged handler: ignores should_stop on purpose
                 time.sleep(0.01)
@@ -53,7 +63,7 @@ class ScriptedLLM:
             on_text(word if i == 0 else " " + word)
             if SCRIPT.token_delay:
                 time.sleep(SCRIPT.token_delay)
-        return {"input_tokens": sum(len(m["content"].split()) for m in request.messages),
+        return {"input_tokens": sum(len((m.get("content") or "").split()) for m in request.messages),
                 "output_tokens": len(words)}
 
 

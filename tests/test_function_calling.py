@@ -1,0 +1,162 @@
+"""Function calling: the wire events, the round trip, and the OpenAI-compatible LLM backend
+pointed at a scripted local chat-completions server."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from channels.testing import WebsocketCommunicator
+
+from pool.backends import Backends
+from pool.backends.llm import LLMRequest, OpenAICompatibleLLM, _ToolCallCatcher
+from pool.backends.scripted import ScriptedSTT, ScriptedTTS
+from pool.backends.vad import SileroVAD
+from pool.prepare import default_paths
+from pool.registry import PoolRegistry, set_registry
+
+from .helpers import Client
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+async def ask(client, text):
+    await client.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    await client.until("conversation.item.done")
+    await client.send({"type": "response.create"})
+    return await client.until("response.done")
+
+
+async def round_trip(client):
+    """A question that calls get_weather, its output, and the follow-up answer."""
+    await client.until("session.created")
+    await client.send({"type": "session.update", "session": {"tools": [WEATHER], "output_modalities": ["text"]}})
+    await client.until("session.updated")
+    done = await ask(client, "Weather in Paris?")
+    call = done["response"]["output"][0]
+    added = next(e for e in client.received if e["type"] == "response.output_item.added")
+    assert added["item"]["type"] == "function_call" and added["item"]["call_id"] == call["call_id"]
+    args_done = next(e for e in client.received if e["type"] == "response.function_call_arguments.done")
+    deltas = "".join(e["delta"] for e in client.received if e["type"] == "response.function_call_arguments.delta")
+    assert args_done["call_id"] == call["call_id"] and args_done["name"] == "get_weather"
+    assert deltas == args_done["arguments"] == call["arguments"]
+    assert json.loads(call["arguments"]) == {"city": "Paris"}
+    assert done["response"]["status"] == "completed"
+    await client.send({"type": "conversation.item.create", "item": {
+        "type": "function_call_output", "call_id": call["call_id"], "output": '{"temp_c": 21}'}})
+    await client.until("conversation.item.done")
+    await client.send({"type": "response.create"})
+    answer = await client.until("response.done")
+    return answer["response"]["output"][0]["content"][0]["text"]
+
+
+@pytest.mark.usefixtures("scripted_pool")
+async def test_scripted_llm_function_call_round_trip(connect):
+    client = await connect()
+    text = await round_trip(client)
+    assert text == 'The function returned {"temp_c": 21}.'
+    await client.ws.disconnect()
+
+
+@pytest.mark.usefixtures("scripted_pool")
+async def test_tool_choice_none_answers_in_words(connect):
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "session.update", "session": {"tools": [WEATHER], "tool_choice": "none"}})
+    await client.until("session.updated")
+    done = await ask(client, "Weather in Paris?")
+    assert done["response"]["output"][0]["type"] == "message"
+    await client.ws.disconnect()
+
+
+class ScriptedChatCompletions(BaseHTTPRequestHandler):
+    """A scripted chat-completions server: streams a tool call when tools are offered and the user
+    spoke last, and a sentence about the function result after a tool message."""
+
+    requests = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(body)
+        last = body["messages"][-1]
+        if body.get("tools") and last["role"] == "user":
+            chunks = [{"tool_calls": [{"index": 0, "id": "call_abc", "type": "function",
+                                       "function": {"name": "get_weather", "arguments": ""}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
+                      {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}]
+        else:
+            said = last["content"] if last["role"] == "tool" else "nothing"
+            chunks = [{"content": "It is "}, {"content": f"{said} outside."}]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for delta in chunks:
+            event = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        usage = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
+                 "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def chat_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedChatCompletions)
+    ScriptedChatCompletions.requests = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_openai_compatible_backend_streams_text_and_assembles_tool_calls(chat_server):
+    llm = OpenAICompatibleLLM(chat_server, "key", "some-model")
+    calls, text = [], []
+    request = LLMRequest([{"role": "system", "content": "s"}, {"role": "user", "content": "Weather?"}], 50,
+                         [WEATHER], "auto")
+    usage = llm.generate(request, text.append, lambda: False, lambda *call: calls.append(call))
+    assert calls == [("get_weather", '{"city": "Paris"}', "call_abc")] and text == []
+    assert usage == {"input_tokens": 7, "output_tokens": 3}
+    sent = ScriptedChatCompletions.requests[-1]
+    assert sent["tools"][0]["function"]["name"] == "get_weather" and sent["model"] == "some-model"
+
+
+async def test_openai_compatible_backend_through_the_protocol(chat_server, settings, transactional_db):
+    from s2s_project.asgi import application
+
+    settings.S2S = {"BACKEND": "scripted"}
+    vad = SileroVAD(default_paths("/nonexistent")["vad"])
+    registry = PoolRegistry(Backends(vad, ScriptedSTT(), OpenAICompatibleLLM(chat_server, "", "m"),
+                                     ScriptedTTS()), 1, 1.0)
+    previous = set_registry(registry)
+    try:
+        communicator = WebsocketCommunicator(application, "/v1/realtime")
+        assert (await communicator.connect())[0]
+        text = await round_trip(Client(communicator))
+        assert text == 'It is {"temp_c": 21} outside.'
+        follow_up = ScriptedChatCompletions.requests[-1]["messages"]
+        assert follow_up[-2]["tool_calls"][0]["id"] == "call_abc"
+        assert follow_up[-1] == {"role": "tool", "tool_call_id": "call_abc", "content": '{"temp_c": 21}'}
+        await communicator.disconnect()
+    finally:
+        registry.shutdown()
+        set_registry(previous)
+
+
+@pytest.mark.parametrize("pieces, spoken, calls", [
+    (["<tool", "_call>", '{"name": "f", "arguments": {"a": 1}}', "</tool_call>"], [], [("f", '{"a": 1}')]),
+    (["Hello", " there"], ["Hello", " there"], []),
+    (["<to", "day is fine"], ["<today is fine"], []),
+    (["<tool_call>", "not json"], ["<tool_call>not json"], []),
+])
+def test_tool_call_catcher_for_models_without_native_tools(pieces, spoken, calls):
+    said, called = [], []
+    catcher = _ToolCallCatcher(said.append, lambda *c: called.append(c))
+    for piece in pieces:
+        catcher.text(piece)
+    catcher.finish()
+    assert "".join(said) == "".join(spoken) and called == calls
