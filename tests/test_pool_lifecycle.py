@@ -58,7 +58,8 @@ async def test_wedged_unit_quarantined_then_released_by_an_operator_restores_cap
     session_id = created["session"]["id"]
     await client.send({"type": "response.create"})
     await client.until("response.created")
-    await client.ws.disconnect()  # mid-response, with the LLM stage wedged
+    await wait_for(lambda: SCRIPT.requests)  # the LLM stage is inside generate, wedged
+    await client.ws.disconnect()  # mid-response
     await wait_for(lambda: unit_state(recorded_pool) == "quarantined", timeout=5)
 
     # While quarantined, the unit is never claimed.

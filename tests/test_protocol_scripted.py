@@ -196,6 +196,8 @@ async def test_wedged_unit_is_quarantined_and_never_claimed(connect, scripted_po
     await client.until("session.created")
     await client.send({"type": "response.create"})
     await client.until("response.created")
+    while not SCRIPT.requests:  # until the LLM stage is inside generate, wedged
+        await asyncio.sleep(0.01)
     await client.ws.disconnect()
     await asyncio.sleep(1.5)  # RELEASE_AFTER_SECONDS is 1.0 in the scripted pool
     states = sorted(u["state"] for u in scripted_pool.snapshot())
