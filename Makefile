@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: install serve test bench-smoke
+.PHONY: install browser serve test
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -22,5 +22,11 @@ install: $(STAMP)
 serve: install
 	$(PY) manage.py runpool --host $(HOST) --port $(PORT)
 
-test: install
+# The browser tests drive Debian's Chromium; as root, install it when it is missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "The browser tests need Chromium: sudo apt-get install chromium"; exit 1; fi; }
+
+test: install browser
 	$(PY) -m pytest -ra

@@ -8,25 +8,45 @@ Anything else is answered with an ``error`` event (never a dropped socket):
 - ``invalid_event``: JSON that is not an object;
 - ``missing_required_parameter``: no ``type``;
 - ``invalid_type``: a field of the wrong type (``param`` names it);
-- ``unknown_event_type``: a ``type`` that is not one of the client events.
+- ``unknown_event_type``: a ``type`` that is not one of the client events;
+- ``unknown_parameter``: a field the event type does not have (the event is not carried out).
 """
 
 import json
 
 from .errors import ProtocolError
 
-CLIENT_EVENT_TYPES = frozenset({
-    "session.update",
-    "input_audio_buffer.append",
-    "input_audio_buffer.commit",
-    "input_audio_buffer.clear",
-    "conversation.item.create",
-    "conversation.item.retrieve",
-    "conversation.item.truncate",
-    "conversation.item.delete",
-    "response.create",
-    "response.cancel",
-    "output_audio_buffer.clear",
+# Client event type -> the fields it may carry besides ``type`` and ``event_id``.
+CLIENT_EVENT_FIELDS = {
+    "session.update": {"session"},
+    "input_audio_buffer.append": {"audio"},
+    "input_audio_buffer.commit": set(),
+    "input_audio_buffer.clear": set(),
+    "conversation.item.create": {"item", "previous_item_id"},
+    "conversation.item.retrieve": {"item_id"},
+    "conversation.item.truncate": {"item_id", "content_index", "audio_end_ms"},
+    "conversation.item.delete": {"item_id"},
+    "response.create": {"response"},
+    "response.cancel": {"response_id"},
+    "output_audio_buffer.clear": set(),
+}
+CLIENT_EVENT_TYPES = frozenset(CLIENT_EVENT_FIELDS)
+
+SERVER_EVENT_TYPES = frozenset({
+    "error", "session.created", "session.updated",
+    "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+    "input_audio_buffer.committed", "input_audio_buffer.cleared",
+    "conversation.item.added", "conversation.item.done", "conversation.item.retrieved",
+    "conversation.item.truncated", "conversation.item.deleted",
+    "conversation.item.input_audio_transcription.delta",
+    "conversation.item.input_audio_transcription.completed",
+    "conversation.item.input_audio_transcription.failed",
+    "response.created", "response.done", "response.output_item.added", "response.output_item.done",
+    "response.content_part.added", "response.content_part.done",
+    "response.output_audio.delta", "response.output_audio.done",
+    "response.output_audio_transcript.delta", "response.output_audio_transcript.done",
+    "response.output_text.delta", "response.output_text.done",
+    "response.function_call_arguments.delta", "response.function_call_arguments.done",
 })
 
 
@@ -51,6 +71,10 @@ def parse_client_frame(text_data=None, bytes_data=None):
     if event["type"] not in CLIENT_EVENT_TYPES:
         raise ProtocolError("unknown_event_type", f"Unknown event type: {event['type'][:100]!r}.",
                             param="type", event_id=event_id)
+    for name in event:
+        if name not in ("type", "event_id") and name not in CLIENT_EVENT_FIELDS[event["type"]]:
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: '{name[:100]}'.",
+                                param=name[:100], event_id=event_id)
     return event
 
 

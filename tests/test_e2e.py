@@ -230,3 +230,87 @@ async def test_sigterm_closes_sessions_with_1001_and_records_their_end(tmp_path)
     rows = live.query("select end_reason, close_code, ended_at is not null from pool_session")
     assert rows == [("shutdown", 1001, 1)]
     assert live.query("select state from pool_serverprocess") == [("stopped",)]
+
+
+@pytest.fixture(scope="module")
+def scripted_server(tmp_path_factory):
+    """A live Daphne server on the scripted test backend, pool of 2, with an admin user."""
+    folder = tmp_path_factory.mktemp("scripted")
+    live = LiveServer(folder, pool_size=2, env={"S2S_BACKEND": "scripted"})
+    env = {**os.environ, "S2S_SQLITE_PATH": str(live.db), "DJANGO_SUPERUSER_USERNAME": "admin",
+           "DJANGO_SUPERUSER_PASSWORD": "admin-pw", "DJANGO_SUPERUSER_EMAIL": "a@example.com"}
+    subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput"], cwd=ROOT, env=env, check=True,
+                   capture_output=True)
+    yield live
+    assert live.stop() == 0
+
+
+async def test_oversize_message_over_daphne_is_an_error_not_a_dead_socket(scripted_server):
+    async with websockets.connect(f"{scripted_server.base_url}/realtime", max_size=None) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        huge = base64.b64encode(b"\x00" * (12 * 1024 * 1024)).decode()  # 16 MiB of base64
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": huge}))
+        error = json.loads(await ws.recv())
+        assert error["type"] == "error" and error["error"]["code"] == "message_too_large"
+        await ws.send(json.dumps({"type": "response.create"}))
+        while (event := json.loads(await ws.recv()))["type"] != "response.done":
+            pass
+        assert event["response"]["status"] == "completed"
+
+
+def _frame(opcode, payload):
+    """One masked client WebSocket frame (RFC 6455 5.2), payload under 126 bytes."""
+    mask = os.urandom(4)
+    return bytes([0x80 | opcode, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def test_frames_after_the_close_frame_are_ignored(scripted_server):
+    reader, writer = await asyncio.open_connection("127.0.0.1", scripted_server.port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write((f"GET /v1/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode())
+    assert b"101" in await reader.readline()
+    await asyncio.sleep(0.3)
+    writer.write(_frame(0x8, (1000).to_bytes(2, "big")))  # close
+    writer.write(_frame(0x1, b'{"type": "response.create"}'))  # after close: must be ignored
+    writer.write(_frame(0x1, b"{broken"))
+    await writer.drain()
+    rest = await asyncio.wait_for(reader.read(), 10)  # the server answers the close and hangs up
+    assert b"response.created" not in rest
+    writer.close()
+    await _wait_idle(scripted_server.port)
+    async with websockets.connect(f"{scripted_server.base_url}/realtime") as ws:  # the server is fine
+        assert json.loads(await ws.recv())["type"] == "session.created"
+
+
+def test_admin_pool_page_in_headless_chromium_with_a_session_active(scripted_server):
+    from .browser import browser, screenshot_path
+
+    async def hold_session(ready, release):
+        async with websockets.connect(f"{scripted_server.base_url}/realtime") as ws:
+            await ws.recv()
+            ready.set()
+            await asyncio.to_thread(release.wait, 60)
+
+    import threading
+
+    ready, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=lambda: asyncio.run(hold_session(ready, release)))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        time.sleep(0.5)  # the recorder writes the unit row
+        base = f"http://127.0.0.1:{scripted_server.port}"
+        with browser() as chromium:
+            page = chromium.new_page(viewport={"width": 1400, "height": 700})
+            page.goto(f"{base}/admin/login/?next=/admin/pool/unit/")
+            page.fill("#id_username", "admin")
+            page.fill("#id_password", "admin-pw")
+            page.click("input[type=submit]")
+            page.wait_for_url("**/admin/pool/unit/")
+            text = page.inner_text("#result_list")
+            page.screenshot(path=str(screenshot_path("admin-pool-units.png")), full_page=True)
+        assert "active" in text and "idle" in text
+    finally:
+        release.set()
+        holder.join(30)

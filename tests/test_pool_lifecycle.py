@@ -249,3 +249,55 @@ def test_processes_that_stopped_heart_beating_are_lost_with_their_sessions():
     finally:
         records.stop()
     assert ServerProcess.objects.get(pk=records.process_id).state == ServerProcess.STOPPED
+
+
+EVERY_SESSION_VALUE = {
+    "instructions": "Only ever say 'arr'.",
+    "output_modalities": ["text"],
+    "max_output_tokens": 3,
+    "tools": [{"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}],
+    "tool_choice": "required",
+    "tracing": "auto",
+    "prompt": {"id": "pmpt_1"},
+    "include": ["item.input_audio_transcription.logprobs"],
+    "truncation": "disabled",
+    "audio": {
+        "input": {
+            "format": {"type": "audio/pcmu"},
+            "transcription": {"model": "other", "language": "de", "prompt": "p"},
+            "noise_reduction": {"type": "near_field"},
+            "turn_detection": {"type": "server_vad", "threshold": 0.95, "prefix_padding_ms": 0,
+                               "silence_duration_ms": 2000, "create_response": False,
+                               "interrupt_response": False, "idle_timeout_ms": 6000},
+        },
+        "output": {"format": {"type": "audio/pcma"}, "voice": "echo", "speed": 1.5},
+    },
+}
+
+
+async def test_every_session_update_value_is_reset_for_the_next_session(recorded_pool, connect):
+    client = await connect()
+    defaults = (await client.until("session.created"))["session"]
+    await client.send({"type": "session.update", "session": EVERY_SESSION_VALUE})
+    updated = (await client.until("session.updated"))["session"]
+    for key in EVERY_SESSION_VALUE:
+        assert updated[key] != defaults[key], key
+    await client.ws.disconnect()
+    await wait_for(lambda: unit_state(recorded_pool) == "idle")
+
+    client = await connect()
+    fresh = (await client.until("session.created"))["session"]
+    assert {k: v for k, v in fresh.items() if k != "id"} == {k: v for k, v in defaults.items() if k != "id"}
+    # and the unit behaves as new: PCM16 in, audio out, a full response, server VAD turn
+    from .helpers import speech_appends
+
+    for append in speech_appends():
+        await client.send(append)
+    done = await client.until("response.done", timeout=30)
+    assert done["response"]["status"] == "completed"
+    assert done["response"]["output"][0]["type"] == "message"
+    assert "response.output_audio.delta" in client.types()
+    request = SCRIPT.requests[-1]
+    assert request.tools == [] and request.max_output_tokens > 3
+    assert request.messages[0]["content"] == defaults["instructions"]
+    await client.ws.disconnect()
