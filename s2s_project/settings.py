@@ -76,7 +76,6 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
 WHITENOISE_USE_FINDERS = True  # serve from the installed apps: no collectstatic step to forget
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
