@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
+NODE_STAMP := tests/node/node_modules/.installed
+
 .PHONY: install browser serve test
 
 $(STAMP): pyproject.toml
@@ -28,5 +30,10 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "The browser tests need Chromium: sudo apt-get install chromium"; exit 1; fi; }
 
-test: install browser
+# The @openai/agents JS SDK for the Node client tests (versions pinned by package-lock.json).
+$(NODE_STAMP): tests/node/package-lock.json
+	npm ci --prefix tests/node --no-audit --no-fund
+	touch $(NODE_STAMP)
+
+test: install browser $(NODE_STAMP)
 	$(PY) -m pytest -ra

@@ -6,6 +6,7 @@ from pool.conf import get_config
 from pool.registry import build_registry, set_registry
 
 from .helpers import Client
+from .live import LiveServer
 
 
 SCRIPTED = {"BACKEND": "scripted", "POOL_SIZE": 2, "RELEASE_AFTER_SECONDS": 1.0}
@@ -50,3 +51,22 @@ def connect():
         return client
 
     return _connect
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A live runpool server with the real default models, a pool of one unit."""
+    live = LiveServer(tmp_path_factory.mktemp("server"))
+    yield live
+    assert live.stop() == 0
+
+
+@pytest.fixture(scope="session")
+def scripted_server(tmp_path_factory):
+    """A live runpool server on the scripted test backend, pool of 2, with an admin user."""
+    live = LiveServer(tmp_path_factory.mktemp("scripted"), pool_size=2, env={"S2S_BACKEND": "scripted"})
+    live.manage("createsuperuser", "--noinput", env={"DJANGO_SUPERUSER_USERNAME": "admin",
+                                                     "DJANGO_SUPERUSER_PASSWORD": "admin-pw",
+                                                     "DJANGO_SUPERUSER_EMAIL": "admin@example.com"})
+    yield live
+    assert live.stop() == 0

@@ -5,13 +5,8 @@ import asyncio
 import base64
 import json
 import os
-import socket
-import sqlite3
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,67 +15,10 @@ import websockets
 from realtime.client import talk
 
 from .helpers import HOTWORDS, JFK, JFK_WORDS, normalise
+from .live import LiveServer
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[1]
 SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": {"silence_duration_ms": 1500}}}}
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    """``manage.py runpool`` in a subprocess with its own SQLite file, ready once /healthz answers."""
-
-    def __init__(self, folder, pool_size=1, env=None):
-        self.port = _free_port()
-        self.base_url = f"ws://127.0.0.1:{self.port}/v1"
-        self.db = folder / "db.sqlite3"
-        self.log = folder / "server.log"
-        env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), **(env or {})}
-        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env,
-                       check=True)
-        with open(self.log, "w") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
-                 str(pool_size)], cwd=ROOT, env=env, stdout=log, stderr=log)
-        deadline = time.monotonic() + 300
-        while not self._healthy():
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.process.kill()
-                pytest.fail(f"runpool did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.3)
-
-    def _healthy(self):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
-
-    def stop(self, timeout=30):
-        """SIGTERM; returns the exit code. Fails the test if the server does not stop in time."""
-        self.process.terminate()
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            pytest.fail(f"runpool did not stop on SIGTERM within {timeout} s")
-
-    def query(self, sql):
-        with sqlite3.connect(self.db) as db:
-            return db.execute(sql).fetchall()
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The real default models, a pool of one unit."""
-    live = LiveServer(tmp_path_factory.mktemp("server"))
-    yield {"base_url": live.base_url, "port": live.port, "log": live.log}
-    assert live.stop() == 0
 
 
 async def _wait_idle(port, timeout=10):
@@ -105,7 +43,7 @@ def stt():
 
 async def test_spoken_question_gets_a_spoken_answer_over_the_openai_sdk(server, stt):
     received = []
-    result = await talk(server["base_url"], JFK, session=SESSION, on_event=received.append,
+    result = await talk(server.base_url, JFK, session=SESSION, on_event=received.append,
                         timeout_s=180)
     types = [e.type for e in received]
 
@@ -132,25 +70,25 @@ async def test_spoken_question_gets_a_spoken_answer_over_the_openai_sdk(server, 
 
     heard = stt.transcribe(soxr.resample(reply, 24_000, 16_000), "en")
     assert len(normalise(heard).split()) >= 2, heard
-    await _wait_idle(server["port"])
+    await _wait_idle(server.port)
 
 
 async def test_pool_of_one_refuses_a_second_client_with_1008_then_serves_the_next(server):
     from openai import AsyncOpenAI
 
-    await _wait_idle(server["port"])
-    client = AsyncOpenAI(api_key="local", websocket_base_url=server["base_url"])
+    await _wait_idle(server.port)
+    client = AsyncOpenAI(api_key="local", websocket_base_url=server.base_url)
     async with client.realtime.connect(model="s2s-default") as holder:
         assert (await holder.recv()).type == "session.created"
-        async with websockets.connect(f"{server['base_url']}/realtime", subprotocols=["realtime"]) as ws:
+        async with websockets.connect(f"{server.base_url}/realtime", subprotocols=["realtime"]) as ws:
             error = json.loads(await ws.recv())
             assert error["type"] == "error"
             assert error["error"]["code"] == "session_limit_reached"
             with pytest.raises(websockets.ConnectionClosed):
                 await ws.recv()
             assert ws.close_code == 1008
-    await _wait_idle(server["port"])
-    result = await talk(server["base_url"], HOTWORDS, session=SESSION, timeout_s=180)
+    await _wait_idle(server.port)
+    result = await talk(server.base_url, HOTWORDS, session=SESSION, timeout_s=180)
     assert result.status == "completed"
     assert "folder" in normalise(result.user_transcript)
     assert len(result.audio) > 0
@@ -159,8 +97,8 @@ async def test_pool_of_one_refuses_a_second_client_with_1008_then_serves_the_nex
 async def test_settings_of_one_session_never_reach_the_next_on_the_unit(server):
     from openai import AsyncOpenAI
 
-    await _wait_idle(server["port"])
-    client = AsyncOpenAI(api_key="local", websocket_base_url=server["base_url"])
+    await _wait_idle(server.port)
+    client = AsyncOpenAI(api_key="local", websocket_base_url=server.base_url)
     async with client.realtime.connect(model="s2s-default") as conn:
         defaults = (await conn.recv()).session
         await conn.session.update(session={
@@ -169,9 +107,9 @@ async def test_settings_of_one_session_never_reach_the_next_on_the_unit(server):
                       "output": {"voice": "echo"}}})
         updated = (await conn.recv()).session
         assert updated.audio.input.turn_detection.threshold == 0.95
-    await _wait_idle(server["port"])
+    await _wait_idle(server.port)
     received = []
-    result = await talk(server["base_url"], JFK, session=SESSION, on_event=received.append, timeout_s=180)
+    result = await talk(server.base_url, JFK, session=SESSION, on_event=received.append, timeout_s=180)
     fresh = received[0].session
     assert fresh.instructions == defaults.instructions
     assert fresh.audio.input.turn_detection.threshold == 0.5
@@ -187,8 +125,8 @@ async def test_disconnect_mid_audio_and_reconnect_at_once_gets_a_clean_unit(serv
 
     from realtime.client import load_audio, pcm16_chunks
 
-    await _wait_idle(server["port"])
-    client = AsyncOpenAI(api_key="local", websocket_base_url=server["base_url"])
+    await _wait_idle(server.port)
+    client = AsyncOpenAI(api_key="local", websocket_base_url=server.base_url)
     speech = np.concatenate([load_audio(HOTWORDS), np.zeros(48_000, np.float32)])
     async with client.realtime.connect(model="s2s-default") as conn:
         await conn.session.update(session=SESSION)
@@ -230,19 +168,6 @@ async def test_sigterm_closes_sessions_with_1001_and_records_their_end(tmp_path)
     rows = live.query("select end_reason, close_code, ended_at is not null from pool_session")
     assert rows == [("shutdown", 1001, 1)]
     assert live.query("select state from pool_serverprocess") == [("stopped",)]
-
-
-@pytest.fixture(scope="module")
-def scripted_server(tmp_path_factory):
-    """A live Daphne server on the scripted test backend, pool of 2, with an admin user."""
-    folder = tmp_path_factory.mktemp("scripted")
-    live = LiveServer(folder, pool_size=2, env={"S2S_BACKEND": "scripted"})
-    env = {**os.environ, "S2S_SQLITE_PATH": str(live.db), "DJANGO_SUPERUSER_USERNAME": "admin",
-           "DJANGO_SUPERUSER_PASSWORD": "admin-pw", "DJANGO_SUPERUSER_EMAIL": "a@example.com"}
-    subprocess.run([sys.executable, "manage.py", "createsuperuser", "--noinput"], cwd=ROOT, env=env, check=True,
-                   capture_output=True)
-    yield live
-    assert live.stop() == 0
 
 
 async def test_oversize_message_over_daphne_is_an_error_not_a_dead_socket(scripted_server):

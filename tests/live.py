@@ -1,0 +1,70 @@
+"""Live servers for end-to-end tests: ``manage.py runpool`` in a subprocess."""
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """``manage.py runpool`` in a subprocess with its own SQLite file, ready once /healthz answers."""
+
+    def __init__(self, folder, pool_size=1, env=None):
+        self.port = _free_port()
+        self.base_url = f"ws://127.0.0.1:{self.port}/v1"
+        self.db = folder / "db.sqlite3"
+        self.log = folder / "server.log"
+        env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), **(env or {})}
+        self.env = env
+        self.manage("migrate", "--noinput", "-v0")
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
+                 str(pool_size)], cwd=ROOT, env=env, stdout=log, stderr=log)
+        deadline = time.monotonic() + 300
+        while not self._healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                pytest.fail(f"runpool did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def _healthy(self):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def manage(self, *args, env=None):
+        """Run a management command against this server's database."""
+        subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
+                       check=True, capture_output=True)
+
+    def stop(self, timeout=30):
+        """SIGTERM; returns the exit code. Fails the test if the server does not stop in time."""
+        self.process.terminate()
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            pytest.fail(f"runpool did not stop on SIGTERM within {timeout} s")
+
+    def query(self, sql):
+        with sqlite3.connect(self.db) as db:
+            return db.execute(sql).fetchall()
+
+
