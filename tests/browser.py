@@ -36,3 +36,12 @@ def browser(extra_flags=()):
 def screenshot_path(name):
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS / name
+
+
+def admin_login(page, live, next_path):
+    """Log ``page`` into ``live``'s admin and land on ``next_path``."""
+    page.goto(f"{live.http_url}/admin/login/?next={next_path}")
+    page.fill("#id_username", live.ADMIN[0])
+    page.fill("#id_password", live.ADMIN[1])
+    page.click("input[type=submit]")
+    page.wait_for_url(f"**{next_path}")

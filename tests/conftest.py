@@ -55,8 +55,9 @@ def connect():
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    """A live runpool server with the real default models, a pool of one unit."""
+    """A live runpool server with the real default models, a pool of one unit, an admin user."""
     live = LiveServer(tmp_path_factory.mktemp("server"))
+    live.create_admin()
     yield live
     assert live.stop() == 0
 
@@ -65,8 +66,6 @@ def server(tmp_path_factory):
 def scripted_server(tmp_path_factory):
     """A live runpool server on the scripted test backend, pool of 2, with an admin user."""
     live = LiveServer(tmp_path_factory.mktemp("scripted"), pool_size=2, env={"S2S_BACKEND": "scripted"})
-    live.manage("createsuperuser", "--noinput", env={"DJANGO_SUPERUSER_USERNAME": "admin",
-                                                     "DJANGO_SUPERUSER_PASSWORD": "admin-pw",
-                                                     "DJANGO_SUPERUSER_EMAIL": "admin@example.com"})
+    live.create_admin()
     yield live
     assert live.stop() == 0

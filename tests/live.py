@@ -54,6 +54,18 @@ class LiveServer:
         subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
                        check=True, capture_output=True)
 
+    ADMIN = ("admin", "admin-pw")
+
+    def create_admin(self):
+        """A superuser ``ADMIN`` in this server's database."""
+        self.manage("createsuperuser", "--noinput", env={
+            "DJANGO_SUPERUSER_USERNAME": self.ADMIN[0], "DJANGO_SUPERUSER_PASSWORD": self.ADMIN[1],
+            "DJANGO_SUPERUSER_EMAIL": "admin@example.com"})
+
+    @property
+    def http_url(self):
+        return f"http://127.0.0.1:{self.port}"
+
     def stop(self, timeout=30):
         """SIGTERM; returns the exit code. Fails the test if the server does not stop in time."""
         self.process.terminate()

@@ -209,7 +209,7 @@ async def test_frames_after_the_close_frame_are_ignored(scripted_server):
 
 
 def test_admin_pool_page_in_headless_chromium_with_a_session_active(scripted_server):
-    from .browser import browser, screenshot_path
+    from .browser import admin_login, browser, screenshot_path
 
     async def hold_session(ready, release):
         async with websockets.connect(f"{scripted_server.base_url}/realtime") as ws:
@@ -225,14 +225,9 @@ def test_admin_pool_page_in_headless_chromium_with_a_session_active(scripted_ser
     try:
         assert ready.wait(30)
         time.sleep(0.5)  # the recorder writes the unit row
-        base = f"http://127.0.0.1:{scripted_server.port}"
         with browser() as chromium:
             page = chromium.new_page(viewport={"width": 1400, "height": 700})
-            page.goto(f"{base}/admin/login/?next=/admin/pool/unit/")
-            page.fill("#id_username", "admin")
-            page.fill("#id_password", "admin-pw")
-            page.click("input[type=submit]")
-            page.wait_for_url("**/admin/pool/unit/")
+            admin_login(page, scripted_server, "/admin/pool/unit/")
             text = page.inner_text("#result_list")
             page.screenshot(path=str(screenshot_path("admin-pool-units.png")), full_page=True)
         assert "active" in text and "idle" in text

@@ -1,0 +1,19 @@
+"""The browser page: a person talks to the agent over the same Realtime protocol as any client."""
+
+from django.shortcuts import render
+from django.urls import reverse
+
+from pool.backends.tts import OPENAI_VOICES
+from pool.conf import get_config
+
+
+def talk(request):
+    """``GET /``: microphone in, spoken answers out, transcripts, voice and instructions."""
+    config = get_config()
+    return render(request, "realtime/talk.html", {
+        "endpoint": "/v1/realtime",
+        "health_url": reverse("s2s-health"),
+        "voices": list(OPENAI_VOICES),
+        "default_voice": config["DEFAULT_VOICE"],
+        "instructions": config["DEFAULT_INSTRUCTIONS"],
+    })

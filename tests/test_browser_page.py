@@ -1,0 +1,83 @@
+"""The browser page in headless Chromium with a fake microphone playing a real recording, against
+the live server with the real models."""
+
+import numpy as np
+import pytest
+import soundfile
+
+from realtime.client import load_audio
+
+from .browser import admin_login, browser, screenshot_path
+from .helpers import JFK
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_person_talks_to_the_agent_in_the_browser(server, tmp_path):
+    wav = tmp_path / "jfk.wav"  # Chromium's fake capture takes a PCM WAV file
+    speech = np.concatenate([np.zeros(24_000, np.float32), load_audio(JFK, 48_000)])
+    soundfile.write(wav, speech, 48_000, subtype="PCM_16")
+    flags = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+             f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required"]
+    with browser(flags) as chromium:
+        context = chromium.new_context(viewport={"width": 1100, "height": 900})
+        context.grant_permissions(["microphone"], origin=server.http_url)
+        page = context.new_page()
+        page.goto(server.http_url + "/")
+        page.wait_for_function("document.getElementById('pool').textContent.includes('units free')")
+        page.click("#connect")
+        page.wait_for_function("window.s2s.stats.appends > 10", timeout=30_000)
+        page.wait_for_function("window.s2s.stats.audioDeltas > 0", timeout=180_000)
+        page.screenshot(path=str(screenshot_path("talk-mid-conversation.png")), full_page=True)
+
+        admin = context.new_page()
+        admin_login(admin, server, "/admin/pool/unit/")
+        units = admin.inner_text("#result_list")
+        admin.screenshot(path=str(screenshot_path("admin-pool-during-browser-session.png")), full_page=True)
+        assert "active" in units
+
+        page.wait_for_function("window.s2s.stats.completed > 0", timeout=180_000)
+        stats = page.evaluate("window.s2s.stats")
+        user = page.locator(".turn.user span").all_inner_texts()
+        agent = page.locator(".turn.agent span").all_inner_texts()
+        page.screenshot(path=str(screenshot_path("talk-after-reply.png")), full_page=True)
+        page.click("#disconnect")
+    assert stats["userTranscripts"] >= 1 and any(text.strip() for text in user)
+    assert any(text.strip() for text in agent)
+    assert stats["scheduledSamples"] >= 12_000  # at least 0.5 s of reply audio played at 24 kHz
+    assert stats["appends"] > 100  # the microphone streamed for seconds
+
+
+def test_a_full_pool_is_a_clear_message_in_the_page(scripted_server):
+    import asyncio
+    import threading
+
+    import websockets
+
+    holders_ready, release = threading.Event(), threading.Event()
+
+    async def hold_both():
+        url = f"{scripted_server.base_url}/realtime"
+        async with websockets.connect(url) as a, websockets.connect(url) as b:
+            await a.recv(), await b.recv()
+            holders_ready.set()
+            await asyncio.to_thread(release.wait, 60)
+
+    holder = threading.Thread(target=lambda: asyncio.run(hold_both()))
+    holder.start()
+    try:
+        assert holders_ready.wait(30)
+        flags = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
+        with browser(flags) as chromium:
+            context = chromium.new_context()
+            context.grant_permissions(["microphone"], origin=scripted_server.http_url)
+            page = context.new_page()
+            page.goto(scripted_server.http_url + "/")
+            page.click("#connect")
+            page.wait_for_function("document.getElementById('status').dataset.kind === 'error'", timeout=15_000)
+            message = page.inner_text("#status")
+            page.screenshot(path=str(screenshot_path("talk-pool-full.png")))
+        assert "busy" in message
+    finally:
+        release.set()
+        holder.join(30)
