@@ -1,10 +1,12 @@
 """The pool console in the Django admin: live units, quarantined units, session history."""
 
 from django.contrib import admin, messages
+from django.utils import timezone
 from django.utils.html import format_html
 
 from . import control
-from .models import QuarantinedUnit, ServerProcess, Session, Unit
+from .auth import new_key
+from .models import APIKey, QuarantinedUnit, ServerProcess, Session, Unit
 
 STATE_COLOURS = {"idle": "#2e7d32", "active": "#1565c0", "draining": "#ef6c00",
                  "quarantined": "#c62828", "lost": "#6d4c41"}
@@ -75,12 +77,38 @@ class SessionAdmin(ReadOnlyAdmin):
     """Session history: read-only, filterable, searchable by session id."""
 
     list_display = ["session_id", "state_display", "end_reason", "process", "unit_index", "created_at",
-                    "ended_at", "turns", "responses", "errors", "quarantined_at", "released_by"]
-    list_filter = ["state", "end_reason", ("quarantined_at", admin.EmptyFieldListFilter), "process"]
+                    "ended_at", "turns", "responses", "errors", "quarantined_at", "released_by", "api_key",
+                    "client_address"]
+    list_filter = ["state", "end_reason", ("quarantined_at", admin.EmptyFieldListFilter), "process", "api_key"]
     search_fields = ["session_id"]
     date_hierarchy = "created_at"
-    list_select_related = ["process", "released_by"]
+    list_select_related = ["process", "released_by", "api_key"]
 
     @admin.display(description="state", ordering="state")
     def state_display(self, session):
         return state_badge(session.state)
+
+
+@admin.action(description="Revoke the selected API keys")
+def revoke_keys(modeladmin, request, queryset):
+    count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    modeladmin.message_user(request, f"Revoked {count} keys; sessions already open go on until they end.")
+
+
+@admin.register(APIKey)
+class APIKeyAdmin(admin.ModelAdmin):
+    """Issue keys (shown once, in the message after saving) and revoke them."""
+
+    list_display = ["name", "prefix", "user", "max_sessions", "created_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["name", "prefix", "user__username"]
+    fields = ["name", "user", "max_sessions"]
+    actions = [revoke_keys]
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            key, obj.key_hash = new_key()
+            obj.prefix = key[:12]
+            self.message_user(request, f"The new key is {key} - copy it now: it is stored hashed and "
+                                       "cannot be shown again.", messages.WARNING)
+        super().save_model(request, obj, form, change)

@@ -5,3 +5,6 @@ class PoolConfig(AppConfig):
     name = "pool"
     verbose_name = "Voice pipeline pool"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import checks  # noqa: F401 - registers the system checks

@@ -53,7 +53,15 @@ DEFAULTS = {
     # Process heartbeat in the database, and the silence after which a process counts as lost.
     "HEARTBEAT_SECONDS": 5.0,
     "LOST_AFTER_SECONDS": 30.0,
-    # A token that may read GET /v1/pool (Authorization: Bearer <token>); staff users always may.
+    # Who may connect: API keys always; anonymous clients when True, never when False, and with
+    # "loopback" only on a server socket bound to a loopback address (the local quick start).
+    "ALLOW_ANONYMOUS": "loopback",
+    # Browser origins allowed to connect (host names, as ALLOWED_HOSTS); None: ALLOWED_HOSTS.
+    "ALLOWED_ORIGINS": None,
+    # Where the WebSocket endpoint is mounted, for the browser page (a host site may use a prefix).
+    "REALTIME_PATH": "/v1/realtime",
+    # A token that may read GET /v1/pool and /metrics (Authorization: Bearer <token>); staff
+    # users always may.
     "STATUS_TOKEN": None,
     # Defaults of a new session, as in OpenAI's hosted API.
     "DEFAULT_INSTRUCTIONS": (

@@ -1,28 +1,89 @@
 """Operator commands on units, whichever process serves the admin request.
 
-Today a command reaches units of this process directly; units of another process are reached
-through the channel layer (a per-process control channel) - see ``release_unit``.
+A unit of this process is reached directly. A unit of another process is reached through the
+channel layer: every ``runpool`` process listens on its own control channel
+(``ServerProcess.control_channel``, ``serve_control``), so the admin served by process A can
+release a unit owned by process B. Requires a channel layer shared by the processes (Redis).
 """
 
+import asyncio
+import logging
+import time
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from .models import Session, Unit
 from .registry import local_registry
 
+log = logging.getLogger(__name__)
+
+CONFIRM_SECONDS = 5.0  # how long the admin waits to see a remote release take effect
+RETRY_SECONDS = 1.0  # after a channel-layer error (Redis gone), before listening again
+
 
 def release_unit(unit_row, user):
     """Release a quarantined unit: fresh handler threads, then idle. Records who and when.
 
-    Returns ``(ok, message)``. Raises nothing: a unit that is not quarantined, or that this
-    process cannot reach, is a ``False`` with the reason.
+    Returns ``(ok, message)``; never raises for a unit that is not quarantined or unreachable.
     """
     if unit_row.state != Unit.QUARANTINED:
         return False, f"{unit_row} is {unit_row.state}, not quarantined."
+    session_id = unit_row.session_id
     registry = local_registry()
-    if registry is None or registry.records.process_id != unit_row.process_id:
-        return False, f"{unit_row} belongs to another server process, which this one cannot reach."
-    session_id = registry.units[unit_row.index].session_id
-    if not registry.release_quarantined(unit_row.index):
-        return False, f"{unit_row} is no longer quarantined."
+    if registry is not None and registry.records.process_id == unit_row.process_id:
+        if not registry.release_quarantined(unit_row.index):
+            return False, f"{unit_row} is no longer quarantined."
+        _record_release(session_id, user)
+        return True, f"{unit_row} released: fresh handler threads, back to idle."
+    return _release_remote(unit_row, session_id, user)
+
+
+def _record_release(session_id, user):
     Session.objects.filter(session_id=session_id).update(released_at=timezone.now(), released_by=user)
-    return True, f"{unit_row} released: fresh handler threads, back to idle."
+
+
+def _release_remote(unit_row, session_id, user):
+    layer = get_channel_layer()
+    channel = unit_row.process.control_channel
+    if layer is None or not channel:
+        return False, f"{unit_row} belongs to another process and no channel layer reaches it."
+    try:
+        async_to_sync(layer.send)(channel, {"type": "pool.control", "command": "release",
+                                            "index": unit_row.index})
+    except Exception as exc:  # noqa: BLE001 - the layer may be down; say so in the admin
+        return False, f"Could not reach {unit_row.process} through the channel layer: {exc}"
+    deadline = time.monotonic() + CONFIRM_SECONDS
+    while time.monotonic() < deadline:
+        unit_row.refresh_from_db(fields=["state"])
+        if unit_row.state != Unit.QUARANTINED:
+            _record_release(session_id, user)
+            return True, f"{unit_row} released by its process: fresh handler threads, back to idle."
+        time.sleep(0.1)
+    _record_release(session_id, user)
+    return True, (f"Release sent to {unit_row.process}; it has not confirmed yet - refresh to see "
+                  "the unit's state.")
+
+
+async def serve_control(registry, channel):
+    """Take operator commands for ``registry``'s units from ``channel`` until cancelled.
+
+    Channel-layer errors (Redis restarting) are logged and retried: sessions never depend on the
+    layer, and commands resume when it returns.
+    """
+    layer = get_channel_layer()
+    if layer is None or not channel:
+        return
+    while True:
+        try:
+            message = await layer.receive(channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - keep listening through layer outages
+            log.warning("control channel %s: %s; retrying", channel, exc)
+            await asyncio.sleep(RETRY_SECONDS)
+            continue
+        if message.get("command") == "release":
+            released = await asyncio.to_thread(registry.release_quarantined, int(message["index"]))
+            log.info("control: release of unit %s: %s", message["index"], "done" if released else "not quarantined")

@@ -7,6 +7,7 @@ closed (the session ended), nothing more of it reaches anyone.
 """
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 
@@ -45,6 +46,7 @@ class ConfigureInput:
 class AppendInput:
     audio_b64: str
     event_id: str | None = None
+    received_at: float = field(default_factory=time.monotonic)  # for the input lag measure
 
 
 @dataclass
@@ -72,6 +74,9 @@ class ResponseJob:
     speed: float
     encoder: object
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Set by TTS once the first phrase is spoken: the LLM waits for it so that the first phrase's
+    # synthesis has the cores to itself (first audio sooner; the LLM outpaces speech anyway).
+    first_audio: threading.Event = field(default_factory=threading.Event)
     # time.perf_counter() marks set by the stages: "llm_start", "llm_first_text", "tts_first_audio"
     timings: dict = field(default_factory=dict)
 

@@ -21,6 +21,8 @@ class ServerProcess(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
+    control_channel = models.CharField(max_length=100, blank=True,
+                                       help_text="Channel-layer channel on which this process takes operator commands.")
 
     class Meta:
         verbose_name = "server process"
@@ -67,6 +69,35 @@ class QuarantinedUnit(Unit):
         verbose_name = "quarantined unit"
 
 
+class APIKey(models.Model):
+    """A key that may open sessions. Only its sha256 is stored (see ``pool.auth``)."""
+
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, db_index=True, help_text="The key's first characters, to recognise it.")
+    key_hash = models.CharField(max_length=64, unique=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="s2s_api_keys")
+    max_sessions = models.PositiveIntegerField(null=True, blank=True,
+                                               help_text="Concurrent sessions allowed; empty for no limit.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}...)"
+
+    @classmethod
+    def issue(cls, name, user=None, max_sessions=None):
+        """Create a key; returns ``(APIKey, key)``. The clear key exists only in this return value."""
+        from .auth import new_key
+
+        key, key_hash = new_key()
+        return cls.objects.create(name=name, prefix=key[:12], key_hash=key_hash, user=user,
+                                  max_sessions=max_sessions), key
+
+
 class Session(models.Model):
     """One WebSocket session, from connect to the end of its unit's drain."""
 
@@ -99,6 +130,8 @@ class Session(models.Model):
     errors = models.PositiveIntegerField(default=0)
     stage_failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
+    api_key = models.ForeignKey(APIKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
+    client_address = models.GenericIPAddressField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -26,8 +26,9 @@ class NoRecords:
     """The recorder's interface, doing nothing: for pools built without a database (unit tests)."""
 
     process_id = None
+    control_channel = None  # where this process takes operator commands (pool.control)
 
-    def session_started(self, session_id, unit_index):
+    def session_started(self, session_id, unit_index, api_key_id=None, client_address=None):
         pass
 
     def session_ended(self, session_id, reason, close_code, counts):
@@ -52,8 +53,9 @@ class Records(NoRecords):
 
     # --- called from anywhere, never blocking -----------------------------------------------
 
-    def session_started(self, session_id, unit_index):
-        self._queue.put((self._session_started, (session_id, unit_index, timezone.now())))
+    def session_started(self, session_id, unit_index, api_key_id=None, client_address=None):
+        self._queue.put((self._session_started, (session_id, unit_index, api_key_id, client_address,
+                                                 timezone.now())))
 
     def session_ended(self, session_id, reason, close_code, counts):
         self._queue.put((self._session_ended, (session_id, reason, close_code, counts, timezone.now())))
@@ -71,6 +73,8 @@ class Records(NoRecords):
         self._mark_lost()
         process = ServerProcess.objects.create(host=socket.gethostname(), pid=os.getpid(),
                                                pool_size=len(units), heartbeat_at=now)
+        process.control_channel = self.control_channel = f"pool-control.{process.pk}"
+        process.save(update_fields=["control_channel"])
         Unit.objects.bulk_create([Unit(process=process, index=u.index, state=u.state, state_since=now)
                                   for u in units])
         self.process_id = process.pk
@@ -117,11 +121,11 @@ class Records(NoRecords):
 
     # --- on the recorder thread ----------------------------------------------------------------
 
-    def _session_started(self, session_id, unit_index, now):
+    def _session_started(self, session_id, unit_index, api_key_id, client_address, now):
         from .models import Session
 
-        Session.objects.create(session_id=session_id, process_id=self.process_id,
-                               unit_index=unit_index, created_at=now)
+        Session.objects.create(session_id=session_id, process_id=self.process_id, unit_index=unit_index,
+                               created_at=now, api_key_id=api_key_id, client_address=client_address)
 
     def _session_ended(self, session_id, reason, close_code, counts, now):
         from .models import Session

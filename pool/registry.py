@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 
+from . import metrics
 from .conf import get_config
 from .records import NoRecords, Records
 from .unit import ACTIVE, DRAINING, IDLE, QUARANTINED, PipelineUnit
@@ -34,6 +35,7 @@ class PoolRegistry:
         now = time.time()
         for unit in self.units:
             unit.state_since = now
+        metrics.unit_changed(self, None, IDLE)
         self._drains = {}  # unit index -> (ctx of the draining session, deadline timer)
         self._changed = threading.Condition(self._lock)
 
@@ -41,6 +43,7 @@ class PoolRegistry:
         old, concerned = unit.state, session_id or unit.session_id
         unit.state, unit.session_id, unit.state_since = state, session_id, time.time()
         self.records.unit_changed(unit, old, state, concerned)
+        metrics.unit_changed(self, old, state)
         self._changed.notify_all()
 
     def claim(self, session_id, wait=0.0):
@@ -122,10 +125,12 @@ class PoolRegistry:
         return True
 
     def snapshot(self):
-        """Every unit as a dict: index, state, session_id, state_since (Unix seconds)."""
+        """Every unit as a dict: index, state, session_id, state_since (Unix seconds) and
+        input_lag_max_ms (longest append -> VAD wait of the current session)."""
         with self._lock:
             return [{"index": u.index, "state": u.state, "session_id": u.session_id,
-                     "state_since": u.state_since} for u in self.units]
+                     "state_since": u.state_since, "input_lag_max_ms": round(u.input_lag_max * 1000, 1)}
+                    for u in self.units]
 
     def shutdown(self):
         """Stop every unit's threads and the recorder (after it wrote what is queued)."""

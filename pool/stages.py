@@ -39,6 +39,7 @@ class VADStage:
     def __init__(self, backends, stt_inbox):
         self._stream = backends.vad.new_stream()
         self._stt_inbox = stt_inbox
+        self.input_lag_max = 0.0  # seconds from an append's arrival to its VAD, this session
         self.end_session()
 
     def end_session(self):
@@ -52,6 +53,7 @@ class VADStage:
         self._samples_seen = 0
         self._speech_item = None
         self._silence = 0
+        self.input_lag_max = 0.0
 
     def handle(self, ctx, msg):
         if isinstance(msg, m.ConfigureInput):
@@ -91,6 +93,7 @@ class VADStage:
         for start in range(0, whole, WINDOW_SAMPLES):
             self._window(ctx, audio[start:start + WINDOW_SAMPLES])
         self._pending = audio[whole:].copy()
+        self.input_lag_max = max(self.input_lag_max, time.monotonic() - msg.received_at)
 
     def _window(self, ctx, window):
         probability = self._stream.probability(window)
@@ -160,25 +163,24 @@ class STTStage:
 
 
 class PhraseSplitter:
-    """Cuts streamed LLM text into speakable phrases, the first one as early as possible.
+    """Cuts streamed LLM text into speakable phrases, the first ones as early as possible.
 
-    A phrase ends at ``.!?;:`` followed by whitespace. The first phrase also ends at a comma once
-    it has FIRST_COMMA_WORDS words, and at FIRST_MAX_WORDS words in any case: speech starts after
-    a few words instead of a whole sentence. Later phrases end at a comma after COMMA_WORDS words
-    or at MAX_WORDS. Concatenating every phrase returned gives back exactly the text pushed in.
+    A phrase ends at ``.!?;:`` followed by whitespace, at a comma once it has COMMA_WORDS words,
+    or at MAX_WORDS words. Both limits grow with the phrase's position: the first phrase is a
+    few words (its synthesis is the wait before the first audio), the second a little longer
+    (it must be ready before the first has been heard), later ones whole sentences (better
+    prosody). Concatenating every phrase returned gives back exactly the text pushed in.
     """
 
-    FIRST_COMMA_WORDS = 3
-    FIRST_MAX_WORDS = 8
-    COMMA_WORDS = 8
-    MAX_WORDS = 30
+    COMMA_WORDS = (2, 4, 8)  # by phrase position; the last applies to every later phrase
+    MAX_WORDS = (4, 8, 30)
     _END = re.compile(r"[.!?;:]+[\"')\]]*\s")
     _COMMA = re.compile(r",\s")
     _WORD = re.compile(r"\S+\s")
 
     def __init__(self):
         self._text = ""
-        self._first = True
+        self._count = 0  # phrases returned so far
 
     def push(self, text):
         """Add streamed text; returns the phrases it completed (possibly none)."""
@@ -187,7 +189,7 @@ class PhraseSplitter:
         while (cut := self._cut()) is not None:
             phrases.append(self._text[:cut])
             self._text = self._text[cut:]
-            self._first = False
+            self._count += 1
         return phrases
 
     def flush(self):
@@ -199,11 +201,11 @@ class PhraseSplitter:
         match = self._END.search(self._text)
         if match:
             return match.end() - 1
-        comma_words = self.FIRST_COMMA_WORDS if self._first else self.COMMA_WORDS
+        position = min(self._count, len(self.MAX_WORDS) - 1)
         for comma in self._COMMA.finditer(self._text):
-            if len(self._text[:comma.start()].split()) >= comma_words:
+            if len(self._text[:comma.start()].split()) >= self.COMMA_WORDS[position]:
                 return comma.end() - 1
-        max_words = self.FIRST_MAX_WORDS if self._first else self.MAX_WORDS
+        max_words = self.MAX_WORDS[position]
         words = list(self._WORD.finditer(self._text))
         if len(words) > max_words:  # one more word seen: the cut point is a real word boundary
             return words[max_words - 1].end() - 1
@@ -211,9 +213,16 @@ class PhraseSplitter:
 
 
 class LLMStage:
-    """Generates a response's text; speakable phrases go to TTS as soon as they are complete."""
+    """Generates a response's text; speakable phrases go to TTS as soon as they are complete.
+
+    After the first phrase, generation pauses until TTS has spoken it (at most
+    FIRST_PHRASE_WAIT seconds): on a small CPU the two would otherwise share the cores and the
+    first audio would come later, while the LLM writes far faster than speech is spoken.
+    """
 
     name = "llm"
+    FIRST_PHRASE_WAIT = 3.0
+    POLL_SECONDS = 0.02
 
     def __init__(self, backends, tts_inbox):
         self._llm = backends.llm
@@ -221,6 +230,12 @@ class LLMStage:
 
     def end_session(self):
         pass
+
+    def _yield_to_first_phrase(self, ctx, job):
+        deadline = time.monotonic() + self.FIRST_PHRASE_WAIT
+        while not job.first_audio.wait(self.POLL_SECONDS):
+            if job.cancelled.is_set() or ctx.closed or time.monotonic() > deadline:
+                return
 
     def handle(self, ctx, job):
         if job.cancelled.is_set():
@@ -237,7 +252,11 @@ class LLMStage:
                 ctx.emit(m.ResponseText(job.response_id, text))
                 return
             for phrase in splitter.push(text):
+                first = "llm_first_phrase" not in job.timings
+                job.timings.setdefault("llm_first_phrase", time.perf_counter())
                 self._tts_inbox.put((ctx, m.Phrase(job, phrase)))
+                if first:
+                    self._yield_to_first_phrase(ctx, job)
 
         def should_stop():
             return job.cancelled.is_set() or ctx.closed
@@ -255,6 +274,7 @@ class LLMStage:
             error = f"{type(exc).__name__}: {exc}"
         rest = splitter.flush()
         if rest.strip() and job.modality == "audio":
+            job.timings.setdefault("llm_first_phrase", time.perf_counter())
             self._tts_inbox.put((ctx, m.Phrase(job, rest)))
         usage["llm_seconds"] = time.perf_counter() - started
         self._tts_inbox.put((ctx, m.JobEnd(job, usage, error)))
@@ -310,7 +330,10 @@ class TTSStage:
         samples = self._synthesize(ctx, job, text) if text else np.zeros(0, np.float32)
         if samples is None:
             return
-        job.timings.setdefault("tts_first_audio", time.perf_counter())
+        if "tts_first_audio" not in job.timings:
+            job.timings["tts_first_audio"] = time.perf_counter()
+            job.timings["tts_first_seconds"] = job.timings["tts_first_audio"] - started
+            job.first_audio.set()
         self._send(ctx, job, msg.text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE,
                    time.perf_counter() - started)
 

@@ -149,5 +149,10 @@ class PipelineUnit:
         self._chain.stop()
 
     @property
+    def input_lag_max(self):
+        """Longest wait (seconds) of an append between arrival and VAD in the current session."""
+        return self._chain.stages[0].input_lag_max
+
+    @property
     def threads(self):
         return list(self._chain.threads)

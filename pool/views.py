@@ -1,9 +1,10 @@
-"""HTTP views of the pool: a health check and the pool status for monitoring."""
+"""HTTP views of the pool: a health check, the pool status and the Prometheus metrics."""
 
 import hmac
 import time
 
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .conf import get_config
 from .registry import get_registry
@@ -24,17 +25,28 @@ def _may_read_status(request):
     return bool(token) and header.startswith("Bearer ") and hmac.compare_digest(header[7:], token)
 
 
+def _forbidden():
+    return JsonResponse({"error": {"code": "forbidden", "message": "Staff or STATUS_TOKEN only."}}, status=403)
+
+
 def pool_status(request):
     """``GET /v1/pool``: this process's pool, for staff users or the ``STATUS_TOKEN`` bearer.
 
     ``{"pool_size", "process_id", "accepting", "units": [{"index", "state", "session_id",
-    "state_since" (Unix seconds), "seconds_in_state"}]}``; 403 JSON for anyone else.
+    "state_since" (Unix seconds), "seconds_in_state", "input_lag_max_ms"}]}``; 403 for others.
     """
     if not _may_read_status(request):
-        return JsonResponse({"error": {"code": "forbidden", "message": "Staff or STATUS_TOKEN only."}},
-                            status=403)
+        return _forbidden()
     registry = get_registry()
     now = time.time()
     units = [{**u, "seconds_in_state": round(now - u["state_since"], 3)} for u in registry.snapshot()]
     return JsonResponse({"pool_size": len(units), "process_id": registry.records.process_id,
                          "accepting": registry.accepting, "units": units})
+
+
+def metrics(request):
+    """``GET /metrics``: Prometheus text format, for staff users or the ``STATUS_TOKEN`` bearer."""
+    if not _may_read_status(request):
+        return _forbidden()
+    get_registry()  # the unit gauges exist once the pool does
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)

@@ -1,22 +1,26 @@
 """The WebSocket endpoint of the Realtime protocol: one consumer per client connection.
 
-connect:    accept (subprotocol "realtime" when offered) -> claim a unit from the pool;
-            none free -> ``error`` session_limit_reached, close 1008 (after accept, so a real
-            client sees 1008 and not an HTTP 403) -> record the session -> ``session.created``.
+connect:    accept (subprotocol "realtime" when offered) -> check the origin and the API key
+            (``pool.auth``) -> claim a unit from the pool; a refusal or a full pool ->
+            ``error`` with its code, close 1008 (after accept, so a real client sees 1008 and
+            not an HTTP 403) -> record the session -> ``session.created``.
 receive:    parse the frame -> the session's state machine (``realtime.session``).
 send loop:  one task sends queued server events in order.
 disconnect: record the end, release the unit; it drains in the background (``pool.registry``).
 """
 
 import asyncio
+import collections
 import json
 import logging
 import time
 import weakref
 from urllib.parse import parse_qs
 
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
+from pool import auth, metrics
 from pool.conf import get_config
 from pool.ids import new_id
 from pool.registry import get_registry
@@ -33,6 +37,7 @@ SUBMIT_RETRY_SECONDS = 0.005  # back-pressure poll while the unit's input queue 
 SUBMIT_WAIT_LIMIT = 5.0  # then the event is refused with server_busy
 
 LIVE = weakref.WeakSet()  # consumers with a claimed unit, for shutdown
+KEY_SESSIONS = collections.Counter()  # API key id -> open sessions in this process
 
 
 class RealtimeConsumer(AsyncWebsocketConsumer):
@@ -49,16 +54,23 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self.outbox = asyncio.Queue()
         session_id = new_id("sess")
         self.registry = await asyncio.to_thread(get_registry)  # loads the models on first use
+        refusal = await self._authorize()
+        if refusal is not None:
+            await self._refuse(refusal.code, refusal.message)
+            return
         self.unit = self.registry.claim(session_id)
         if self.unit is None and self.registry.draining():
             self.unit = await asyncio.to_thread(self.registry.claim, session_id,
                                                 get_config()["CLAIM_WAIT_SECONDS"])
         if self.unit is None:
+            self._release_key()
             await self._refuse("session_limit_reached",
                                "Every unit of this server's pool is busy; try again later.")
             return
         LIVE.add(self)
-        self.registry.records.session_started(session_id, self.unit.index)
+        metrics.SESSIONS_STARTED.labels(metrics.PROCESS).inc()
+        self.registry.records.session_started(session_id, self.unit.index, self.api_key_id,
+                                              auth.client_address(self.scope))
         config = get_config()
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         defaults = {
@@ -76,7 +88,38 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             self.watchdog = asyncio.create_task(self._idle_watchdog(config["IDLE_TIMEOUT_SECONDS"]))
         log.info("session %s started on unit %s", session_id, self.unit.index)
 
+    async def _authorize(self):
+        """Origin and API key checks; returns a ``pool.auth.Refusal`` or None. On success with a
+        key, the key's session is counted (``_release_key`` undoes it)."""
+        self.api_key_id = None
+        if not auth.origin_allowed(self.scope):
+            return auth.Refusal("origin_not_allowed", "This origin may not connect to this server.")
+        key = auth.key_from_scope(self.scope)
+        if key is None or not auth.is_server_key(key):
+            # No key, or a placeholder that is not one of ours (SDKs insist on some api_key).
+            if auth.anonymous_allowed(self.scope):
+                return None
+            if key is not None:
+                return auth.Refusal("invalid_api_key", "Incorrect API key provided.")
+            return auth.Refusal("missing_api_key", "An API key is required: send 'Authorization: Bearer "
+                                "<key>' or the subprotocol 'openai-insecure-api-key.<key>'.")
+        api_key, refusal = await database_sync_to_async(auth.check_key)(key, self.registry.records.process_id)
+        if refusal is not None:
+            return refusal
+        if api_key.max_sessions is not None and api_key.open_elsewhere + KEY_SESSIONS[api_key.pk] >= api_key.max_sessions:
+            return auth.Refusal("session_limit_reached",
+                                f"This API key may hold {api_key.max_sessions} sessions at once.")
+        KEY_SESSIONS[api_key.pk] += 1  # on the event loop, right after the check: no race here
+        self.api_key_id = api_key.pk
+        return None
+
+    def _release_key(self):
+        if self.api_key_id is not None:
+            KEY_SESSIONS[self.api_key_id] -= 1
+            self.api_key_id = None
+
     async def _refuse(self, code, message):
+        metrics.SESSIONS_REFUSED.labels(metrics.PROCESS, code).inc()
         error = ProtocolError(code, message)
         await self.send(json.dumps({"type": "error", "event_id": new_id("event"), "error": error.to_error()}))
         await self.close(code=CLOSE_POLICY_VIOLATION)
@@ -148,6 +191,8 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         code = getattr(self, "close_code", code)
         self.registry.records.session_ended(session.id, self.end_reason, code, session.stats)
         self.registry.release(self.unit)
+        self._release_key()
+        metrics.SESSIONS_ENDED.labels(metrics.PROCESS, self.end_reason).inc()
         log.info("session %s ended (%s, close code %s) on unit %s: %s", session.id, self.end_reason,
                  code, self.unit.index, {k: v for k, v in session.stats.items() if v})
         self.unit = None

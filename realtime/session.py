@@ -7,10 +7,12 @@ the unit's stage threads compute and emit events back.
 """
 
 import copy
+import json
 import logging
 import time
 
 from pool import messages as m
+from pool import metrics
 from pool.backends.llm import LLMRequest
 from pool.ids import new_id
 
@@ -33,6 +35,7 @@ class _Response:
         self.item = None  # the open assistant message item, created with its first output
         self.text = []  # its transcript (audio) or text deltas, in order
         self.audio_ms = 0.0
+        self.marks = {}  # time.perf_counter() marks of the turn it answers (_log_turn)
 
     def where(self, item, content=True):
         """The addressing fields of an output item's events."""
@@ -88,6 +91,7 @@ class RealtimeSession:
         """Send an ``error`` event for a ProtocolError; the session goes on."""
         self.stats["errors"] += 1
         self.stats["last_error"] = f"{error.code}: {error.message}"[:500]
+        metrics.ERRORS.labels(metrics.PROCESS, error.code).inc()
         self.send("error", error=error.to_error())
 
     def start(self):
@@ -284,7 +288,8 @@ class RealtimeSession:
                                 type="server_error", event_id=event_id)
         self.response = response
         self.stats["responses"] += 1
-        self._turn_marks["response_created"] = time.perf_counter()
+        # The marks of the turn this response answers travel with it (the next turn may start).
+        response.marks = {**self._turn_marks, "response_created": time.perf_counter()}
         self.send("response.created", response=response.body("in_progress"))
 
     def _response_params(self, overrides):
@@ -487,7 +492,7 @@ class RealtimeSession:
             return
         if response.item is None:
             self._open_item(response)
-            self._turn_marks["first_audio"] = time.perf_counter()
+            response.marks["first_audio"] = time.perf_counter()
         where = response.where(response.item)
         if event.transcript:
             response.text.append(event.transcript)
@@ -542,20 +547,32 @@ class RealtimeSession:
                                                         "message": event.message}}))
 
     def _log_turn(self, response):
-        marks, timings = self._turn_marks, response.job.timings
+        """One JSON log line per voice turn: milliseconds from speech_stopped to each stage mark,
+        and each stage's own compute time (read by bench/turn_latency.py)."""
+        marks, timings = response.marks, response.job.timings
         stopped = marks.get("speech_stopped")
         if stopped is None:
             return
 
         def since(t):
-            return f"{(t - stopped) * 1000:.0f}ms" if t else "-"
+            return round((t - stopped) * 1000, 1) if t else None
 
-        log.info("session %s turn: transcript %s (stt %.0fms), llm first text %s, tts first audio %s, "
-                 "first audio sent %s, audio %.1fs", self.id, since(marks.get("transcribed")),
-                 marks.get("stt_seconds", 0) * 1000, since(timings.get("llm_first_text")),
-                 since(timings.get("tts_first_audio")), since(marks.get("first_audio")),
-                 response.audio_ms / 1000)
-
+        turn = {
+            "session": self.id,
+            "response": response.id,
+            "transcribed_ms": since(marks.get("transcribed")),
+            "response_created_ms": since(marks.get("response_created")),
+            "llm_start_ms": since(timings.get("llm_start")),
+            "llm_first_text_ms": since(timings.get("llm_first_text")),
+            "llm_first_phrase_ms": since(timings.get("llm_first_phrase")),
+            "tts_first_audio_ms": since(timings.get("tts_first_audio")),
+            "first_audio_sent_ms": since(marks.get("first_audio")),
+            "stt_compute_ms": round(marks.get("stt_seconds", 0) * 1000, 1),
+            "tts_first_compute_ms": round(timings.get("tts_first_seconds", 0) * 1000, 1),
+            "audio_out_s": round(response.audio_ms / 1000, 2),
+        }
+        log.info("turn timings %s", json.dumps(turn))
+        metrics.turn(turn)
 
 def _public(item):
     """An item as sent on the wire (without private bookkeeping keys)."""

@@ -11,7 +11,7 @@ def talk(request):
     """``GET /``: microphone in, spoken answers out, transcripts, voice and instructions."""
     config = get_config()
     return render(request, "realtime/talk.html", {
-        "endpoint": "/v1/realtime",
+        "endpoint": config["REALTIME_PATH"],
         "health_url": reverse("s2s-health"),
         "voices": list(OPENAI_VOICES),
         "default_voice": config["DEFAULT_VOICE"],

@@ -1,13 +1,17 @@
 """Settings of the stand-alone server: SQLite and the in-memory channel layer by default.
 
-Environment variables: ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` (comma
+Environment variables: ``DATABASE_URL`` and ``REDIS_URL`` (PostgreSQL and channels-redis, for
+several processes), ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` (comma
 separated), ``S2S_POOL_SIZE``, ``S2S_BACKEND``, ``S2S_CACHE_DIR``, ``S2S_LLM_BASE_URL``,
-``S2S_LLM_API_KEY``, ``S2S_LLM_API_MODEL``. Everything the apps read is in the ``S2S`` dict,
+``S2S_LLM_API_KEY``, ``S2S_LLM_API_MODEL``, and ``S2S_JSON`` (any ``S2S`` keys as a JSON object). Everything the apps read is in the ``S2S`` dict,
 documented in ``pool/conf.py``.
 """
 
+import json
 import os
 from pathlib import Path
+
+import dj_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -61,14 +65,23 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("S2S_SQLITE_PATH", BASE_DIR / "db.sqlite3"),
+# One process: SQLite and the in-memory channel layer. Several processes: DATABASE_URL (e.g.
+# postgres://user@127.0.0.1:5432/s2s) and REDIS_URL (e.g. redis://127.0.0.1:6379/0).
+if os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("S2S_SQLITE_PATH", BASE_DIR / "db.sqlite3"),
+        }
     }
-}
 
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+if os.environ.get("REDIS_URL"):
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                  "CONFIG": {"hosts": [os.environ["REDIS_URL"]]}}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 AUTH_PASSWORD_VALIDATORS = []
 LANGUAGE_CODE = "en-us"
@@ -86,7 +99,9 @@ def _env(name, cast=str):
 
 
 S2S = {
-    key: value
+    # Any S2S key as JSON, e.g. S2S_JSON='{"THREADS": {"llm": 1}}' (benchmarks, deployments).
+    **json.loads(os.environ.get("S2S_JSON") or "{}"),
+    **{key: value
     for key, value in {
         "POOL_SIZE": _env("S2S_POOL_SIZE", int),
         "BACKEND": _env("S2S_BACKEND"),
@@ -94,7 +109,7 @@ S2S = {
         "LLM_API_KEY": _env("S2S_LLM_API_KEY"),
         "LLM_API_MODEL": _env("S2S_LLM_API_MODEL"),
     }.items()
-    if value is not None
+    if value is not None},
 }
 
 LOGGING = {

@@ -1,4 +1,4 @@
-"""Live servers for end-to-end tests: ``manage.py runpool`` in a subprocess."""
+"""Live servers for end-to-end tests and benchmarks: ``manage.py runpool`` in a subprocess."""
 
 import os
 import socket
@@ -9,7 +9,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +22,7 @@ def _free_port():
 class LiveServer:
     """``manage.py runpool`` in a subprocess with its own SQLite file, ready once /healthz answers."""
 
-    def __init__(self, folder, pool_size=1, env=None):
+    def __init__(self, folder, pool_size=1, env=None, args=()):
         self.port = _free_port()
         self.base_url = f"ws://127.0.0.1:{self.port}/v1"
         self.db = folder / "db.sqlite3"
@@ -34,12 +33,12 @@ class LiveServer:
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
-                 str(pool_size)], cwd=ROOT, env=env, stdout=log, stderr=log)
+                 str(pool_size), *args], cwd=ROOT, env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + 300
         while not self._healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.process.kill()
-                pytest.fail(f"runpool did not start:\n{self.log.read_text()[-3000:]}")
+                raise RuntimeError(f"runpool did not start:\n{self.log.read_text()[-3000:]}")
             time.sleep(0.3)
 
     def _healthy(self):
@@ -51,8 +50,10 @@ class LiveServer:
 
     def manage(self, *args, env=None):
         """Run a management command against this server's database."""
-        subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
-                       check=True, capture_output=True)
+        run = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
+                             capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{run.stderr[-3000:]}")
 
     ADMIN = ("admin", "admin-pw")
 
@@ -73,7 +74,7 @@ class LiveServer:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            pytest.fail(f"runpool did not stop on SIGTERM within {timeout} s")
+            raise RuntimeError(f"runpool did not stop on SIGTERM within {timeout} s") from None
 
     def query(self, sql):
         with sqlite3.connect(self.db) as db:

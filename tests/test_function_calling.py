@@ -128,7 +128,7 @@ def test_openai_compatible_backend_streams_text_and_assembles_tool_calls(chat_se
 async def test_openai_compatible_backend_through_the_protocol(chat_server, settings, transactional_db):
     from s2s_project.asgi import application
 
-    settings.S2S = {"BACKEND": "scripted"}
+    settings.S2S = {"BACKEND": "scripted", "ALLOW_ANONYMOUS": True}
     vad = SileroVAD(default_paths("/nonexistent")["vad"])
     registry = PoolRegistry(Backends(vad, ScriptedSTT(), OpenAICompatibleLLM(chat_server, "", "m"),
                                      ScriptedTTS()), 1, 1.0)

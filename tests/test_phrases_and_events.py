@@ -44,19 +44,19 @@ def _split(tokens):
     return phrases + ([rest] if rest else [])
 
 
-def test_first_phrase_is_short_and_sentences_end_phrases():
-    tokens = ["Sure", ",", " I", " can", " help", " with", " that", ".", " The", " capital", " of",
-              " France", " is", " Paris", ".", " Anything", " else", "?"]
-    phrases = _split(tokens)
-    assert phrases[0] == "Sure, I can help with that."
-    assert phrases[1] == " The capital of France is Paris."
-    assert phrases[2] == " Anything else?"
+def test_sentences_end_phrases():
+    tokens = ["Yes", ".", " The", " capital", " of", " France", " is", " Paris", ".", " Anything", " else", "?"]
+    assert _split(tokens) == ["Yes.", " The capital of France is Paris.", " Anything else?"]
 
 
-def test_long_first_sentence_is_cut_early_at_a_word_boundary():
-    words = "one two three four five six seven eight nine ten eleven twelve".split()
+def test_first_phrases_are_cut_short_and_grow():
+    words = [f"w{i}" for i in range(80)]
     phrases = _split([w + " " for w in words])
-    assert phrases[0].split() == words[: PhraseSplitter.FIRST_MAX_WORDS]
+    assert [len(p.split()) for p in phrases[:4]] == [*PhraseSplitter.MAX_WORDS, PhraseSplitter.MAX_WORDS[-1]]
+
+
+def test_an_early_comma_ends_the_first_phrase():
+    assert _split(["Well", " sure", ",", " I", " can", " help", "."])[0] == "Well sure,"
 
 
 def test_numbers_with_points_do_not_end_a_phrase():

@@ -34,6 +34,10 @@ class Command(BaseCommand):
         except PreparationError as exc:
             raise CommandError(str(exc)) from exc
         set_registry(registry)
+        from pool.checks import check_layer_shared
+
+        for warning in check_layer_shared(None):
+            log.warning("%s %s", warning.msg, warning.hint)
         # Daphne refuses (close 1009) only messages far above our own limit; between the two,
         # the consumer answers with an ``error`` event and the session goes on.
         daphne_limit = 2 * config["MAX_MESSAGE_BYTES"]
@@ -65,6 +69,10 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        from pool.control import serve_control
+
+        reactor.callWhenRunning(
+            lambda: asyncio.ensure_future(serve_control(registry, registry.records.control_channel)))
         log.info("pool of %d units serving on http://%s:%d (WebSocket /v1/realtime)", size,
                  options["host"], options["port"])
 

@@ -1,0 +1,67 @@
+"""What the benchmarks share: the live server, the recordings, statistics, the machine."""
+
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tests.helpers import AUDIO_DIR
+from tests.live import LiveServer
+
+RECORDINGS = {"jfk": AUDIO_DIR / "jfk.flac", "hotwords": AUDIO_DIR / "hotwords.mp3",
+              "stereo": AUDIO_DIR / "stereo_diarization.wav"}
+
+
+def start_server(pool_size=1, settings=None, backend=None):
+    """A runpool server with the real default models (or ``backend``) and extra ``S2S`` settings."""
+    env = {"S2S_JSON": json.dumps(settings or {})}
+    if backend:
+        env["S2S_BACKEND"] = backend
+    return LiveServer(Path(tempfile.mkdtemp(prefix="s2s-bench-")), pool_size=pool_size, env=env)
+
+
+def stats(values):
+    """p50, p95, p99, mean, n of a list of numbers (None for an empty list)."""
+    if not values:
+        return None
+    array = np.asarray(values, dtype=float)
+    return {"p50": round(float(np.percentile(array, 50)), 1), "p95": round(float(np.percentile(array, 95)), 1),
+            "p99": round(float(np.percentile(array, 99)), 1), "mean": round(float(array.mean()), 1),
+            "n": len(values)}
+
+
+def rss_mb(pid):
+    """Resident memory of a process (MiB), from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def machine():
+    """The machine a result was measured on."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    memory = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal"))) // 1024 // 1024
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": memory, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def emit(name, result):
+    """Print one benchmark's result as JSON (the machine included)."""
+    print(json.dumps({"benchmark": name, "machine": machine(), **result}, indent=2))
+
+
+def turn_timings(log_path):
+    """The server's per-turn JSON log lines ('turn timings {...}'), by response id."""
+    turns = {}
+    for line in Path(log_path).read_text().splitlines():
+        if "turn timings " in line:
+            turn = json.loads(line.split("turn timings ", 1)[1])
+            turns[turn["response"]] = turn
+    return turns

@@ -1,0 +1,91 @@
+"""A real-time client for benchmarks: streams a recording like a microphone and timestamps every
+server event it receives (time.perf_counter, seconds)."""
+
+import asyncio
+import base64
+import json
+import time
+
+import numpy as np
+import websockets
+
+from realtime.client import CHUNK_MS, load_audio, pcm16_chunks
+
+
+async def converse(url, recording, session=None, trailing_silence_s=3.0, quiet_s=3.0, timeout_s=180,
+                   realtime=True):
+    """Stream ``recording`` to ``url`` (ws://.../v1/realtime) paced in real time, then silence.
+
+    Returns ``{"start": t0, "events": [(t, event), ...]}`` once every response is done and the
+    server has been quiet for ``quiet_s``. ``t0`` is when the first audio chunk was sent, so an
+    audio position p (seconds) was sent at about ``t0 + p``.
+    """
+    audio = np.concatenate([load_audio(recording), np.zeros(int(trailing_silence_s * 24_000), np.float32)])
+    chunks = [base64.b64encode(c).decode() for c in pcm16_chunks(audio)]
+    events = []
+    async with websockets.connect(url, max_size=None) as ws:
+        events.append((time.perf_counter(), json.loads(await ws.recv())))
+        if session:
+            await ws.send(json.dumps({"type": "session.update", "session": session}))
+        t0 = time.perf_counter()
+
+        async def send():
+            for i, chunk in enumerate(chunks):
+                if realtime:
+                    await asyncio.sleep(max(0.0, t0 + i * CHUNK_MS / 1000 - time.perf_counter()))
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+
+        sender = asyncio.create_task(send())
+        deadline = t0 + timeout_s
+        open_responses = 0
+        while time.perf_counter() < deadline:
+            wait = quiet_s if sender.done() and open_responses == 0 else deadline - time.perf_counter()
+            try:
+                message = await asyncio.wait_for(ws.recv(), wait)
+            except asyncio.TimeoutError:
+                if sender.done() and open_responses == 0:
+                    break
+                continue
+            event = json.loads(message)
+            events.append((time.perf_counter(), event))
+            if event["type"] == "response.created":
+                open_responses += 1
+            elif event["type"] == "response.done":
+                open_responses -= 1
+        sender.cancel()
+    return {"start": t0, "events": events}
+
+
+def turns(conversation):
+    """Completed responses of a conversation with the client-side marks of the turn they answer:
+    seconds from the end of the user's speech (server-reported ``audio_end_ms``) to each event."""
+    t0, events = conversation["start"], conversation["events"]
+    stopped, committed, transcribed = {}, {}, {}
+    last_item, created, first_audio, result = None, {}, {}, []
+    for t, event in events:
+        kind = event["type"]
+        if kind == "input_audio_buffer.speech_stopped":
+            stopped[event["item_id"]] = (t, event["audio_end_ms"])
+        elif kind == "input_audio_buffer.committed":
+            committed[event["item_id"]] = t
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            transcribed[event["item_id"]] = t
+            last_item = event["item_id"]
+        elif kind == "response.created":
+            created[event["response"]["id"]] = (t, last_item)
+        elif kind == "response.output_audio.delta":
+            first_audio.setdefault(event["response_id"], t)
+        elif kind == "response.done" and event["response"]["status"] == "completed":
+            response_id = event["response"]["id"]
+            t_created, item = created[response_id]
+            if item not in stopped or response_id not in first_audio:
+                continue
+            end_of_speech = t0 + stopped[item][1] / 1000
+
+            def ms(t):
+                return round((t - end_of_speech) * 1000, 1)
+
+            result.append({"response": response_id, "speech_stopped": ms(stopped[item][0]),
+                           "committed": ms(committed[item]), "transcript": ms(transcribed[item]),
+                           "response_created": ms(t_created), "first_audio": ms(first_audio[response_id])})
+    return result

@@ -1,0 +1,104 @@
+"""Listening capacity: K concurrent sessions stream real-time audio (speech with long pauses, as in
+a real call; no responses, transcription on). The largest K where VAD keeps real time (every
+append reaches VAD within 100 ms) and the event loop answers a health check within 50 ms.
+
+    python -m bench.listening [--steps 8,16,32,48] [--seconds 30]
+"""
+
+import argparse
+import asyncio
+import base64
+import json
+import time
+import urllib.request
+
+import numpy as np
+import websockets
+
+from realtime.client import CHUNK_MS, load_audio, pcm16_chunks
+
+from .common import RECORDINGS, emit, start_server, stats
+from .connect_storm import TOKEN, pool_status
+
+PAUSE_S = 8.0  # silence after each utterance
+
+
+async def listener(url, chunks, offset, stop_at):
+    async with websockets.connect(url) as ws:
+        await ws.recv()
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "audio": {"input": {"turn_detection": {"create_response": False}}}}}))
+        t0 = time.perf_counter()
+        i = offset
+        while time.perf_counter() < stop_at:
+            await asyncio.sleep(max(0.0, t0 + (i - offset) * CHUNK_MS / 1000 - time.perf_counter()))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunks[i % len(chunks)]}))
+            i += 1
+            while True:  # drain server events without waiting
+                try:
+                    await asyncio.wait_for(ws.recv(), 0.0001)
+                except (asyncio.TimeoutError, TimeoutError):
+                    break
+
+
+def health_ms(server):
+    started = time.perf_counter()
+    with urllib.request.urlopen(f"{server.http_url}/healthz", timeout=5) as reply:
+        reply.read()
+    return (time.perf_counter() - started) * 1000
+
+
+async def probe(server, stop_at, samples):
+    while time.perf_counter() < stop_at:
+        samples.append(await asyncio.to_thread(health_ms, server))
+        await asyncio.sleep(0.5)
+
+
+async def step(server, k, seconds, chunks):
+    stop_at = time.perf_counter() + seconds
+    health = []
+    lag = {}
+
+    async def read_lag():
+        await asyncio.sleep(max(0.0, stop_at - time.perf_counter() - 1.0))
+        status = await asyncio.to_thread(pool_status, server)
+        lag["max_ms"] = max((u["input_lag_max_ms"] for u in status["units"] if u["state"] == "active"), default=0)
+        lag["active"] = sum(u["state"] == "active" for u in status["units"])
+
+    url = f"{server.base_url}/realtime"
+    listeners = [listener(url, chunks, i * len(chunks) // k, stop_at) for i in range(k)]
+    await asyncio.gather(*listeners, probe(server, stop_at, health), read_lag())
+    health_stats = stats(health)
+    ok = lag["active"] == k and lag["max_ms"] < 100 and health_stats["p99"] < 50
+    return {"sessions": k, "active_units": lag["active"], "input_lag_max_ms": lag["max_ms"],
+            "health_ms": health_stats, "keeps_real_time": ok}
+
+
+def run(server, steps, seconds):
+    speech = load_audio(RECORDINGS["hotwords"])
+    pattern = np.concatenate([speech, np.zeros(int(PAUSE_S * 24_000), np.float32)])
+    chunks = [base64.b64encode(c).decode() for c in pcm16_chunks(pattern)]
+    results = []
+    for k in steps:
+        results.append(asyncio.run(step(server, k, seconds, chunks)))
+        time.sleep(3)  # let the units drain
+    passing = [r["sessions"] for r in results if r["keeps_real_time"]]
+    return {"seconds_per_step": seconds, "steps": results, "largest_k": max(passing, default=0),
+            "target_at_least_32": max(passing, default=0) >= 32}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", default="8,16,32,48")
+    parser.add_argument("--seconds", type=float, default=30)
+    args = parser.parse_args(argv)
+    steps = [int(k) for k in args.steps.split(",")]
+    server = start_server(max(steps), {"STATUS_TOKEN": TOKEN})
+    try:
+        emit("listening_capacity", run(server, steps, args.seconds))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""A small run of every benchmark (a minute or two, small numbers) so the suite cannot rot.
+Run by the test suite (tests/test_bench_smoke.py); figures from it mean nothing.
+
+    python -m bench.smoke
+"""
+
+import json
+
+from . import connect_storm, listening, soak, throughput, turn_latency
+from .common import RECORDINGS, emit, rss_mb, start_server
+
+
+def main():
+    server = start_server(2, {"STATUS_TOKEN": connect_storm.TOKEN})
+    try:
+        rows = turn_latency.measure(server, {"hotwords": RECORDINGS["hotwords"]}, 1, 500)
+        result = {
+            "turn_latency": turn_latency.summary(rows, 500),
+            "rss_mb_pool_2": round(rss_mb(server.process.pid), 1),
+            "connect_storm": connect_storm.run(server, 12, 2),
+            "listening": listening.run(server, [2], 6),
+            "throughput": throughput.run(server, 2, 1),
+            "soak": soak.run(server, 8, 20),
+        }
+    finally:
+        server.stop()
+    emit("smoke", result)
+
+
+if __name__ == "__main__":
+    main()

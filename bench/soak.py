@@ -1,0 +1,95 @@
+"""Soak: one session in looping conversation for a long time, then many sessions in a row.
+Resident memory, threads and file descriptors of the server at the start and the end.
+
+    python -m bench.soak [--minutes 30] [--sessions 1000]
+"""
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import websockets
+
+from realtime.client import CHUNK_MS, load_audio, pcm16_chunks
+
+from .common import RECORDINGS, emit, rss_mb, start_server
+
+
+def sample(pid):
+    """Resident MiB, threads and open file descriptors of a process."""
+    threads = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                   if line.startswith("Threads:"))
+    return {"rss_mb": round(rss_mb(pid), 1), "threads": threads, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+async def looping_conversation(server, seconds):
+    pause = np.zeros(3 * 24_000, np.float32)
+    audio = np.concatenate([part for name in ("hotwords", "stereo", "jfk")
+                            for part in (load_audio(RECORDINGS[name]), pause)])
+    chunks = [base64.b64encode(c).decode() for c in pcm16_chunks(audio)]
+    counts = {"responses_completed": 0, "responses_cancelled": 0, "errors": 0}
+    samples = {}
+    async with websockets.connect(f"{server.base_url}/realtime", max_size=None) as ws:
+        await ws.recv()
+        t0 = time.perf_counter()
+        stop_at = t0 + seconds
+
+        async def receive():
+            while True:
+                event = json.loads(await ws.recv())
+                if event["type"] == "response.done":
+                    key = f"responses_{event['response']['status']}"
+                    counts[key] = counts.get(key, 0) + 1
+                    if "start" not in samples:
+                        samples["start"] = sample(server.process.pid)
+                elif event["type"] == "error":
+                    counts["errors"] += 1
+
+        receiver = asyncio.create_task(receive())
+        i = 0
+        while time.perf_counter() < stop_at:
+            await asyncio.sleep(max(0.0, t0 + i * CHUNK_MS / 1000 - time.perf_counter()))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunks[i % len(chunks)]}))
+            i += 1
+        await asyncio.sleep(5)
+        receiver.cancel()
+    samples["end"] = sample(server.process.pid)
+    return {"seconds": seconds, **counts, "start": samples.get("start"), "end": samples["end"]}
+
+
+async def sessions_in_a_row(server, n):
+    tiny = base64.b64encode(bytes(9600)).decode()  # 200 ms of silence
+    start = sample(server.process.pid)
+    for _ in range(n):
+        async with websockets.connect(f"{server.base_url}/realtime") as ws:
+            created = json.loads(await ws.recv())
+            assert created["type"] == "session.created", created
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": tiny}))
+    await asyncio.sleep(2)
+    return {"sessions": n, "start": start, "end": sample(server.process.pid)}
+
+
+def run(server, seconds, sessions):
+    return {"looping_conversation": asyncio.run(looping_conversation(server, seconds)),
+            "sessions_in_a_row": asyncio.run(sessions_in_a_row(server, sessions))}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--sessions", type=int, default=1000)
+    args = parser.parse_args(argv)
+    server = start_server(1)
+    try:
+        emit("soak", run(server, args.minutes * 60, args.sessions))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

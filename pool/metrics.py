@@ -1,0 +1,52 @@
+"""Prometheus metrics of this process (prometheus-client), served at ``GET /metrics``.
+
+Each ``runpool`` process exposes its own; the ``process`` label (host:pid) tells them apart when
+one Prometheus scrapes several.
+"""
+
+import os
+import socket
+
+from prometheus_client import Counter, Gauge, Histogram
+
+PROCESS = f"{socket.gethostname()}:{os.getpid()}"
+STATES = ("idle", "active", "draining", "quarantined")
+# Latency buckets (seconds): turn stages run from tens of milliseconds to a few seconds.
+BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
+
+UNITS = Gauge("s2s_units", "Units of the pool by state.", ["process", "state"])
+SESSIONS_STARTED = Counter("s2s_sessions_started", "Sessions that claimed a unit.", ["process"])
+SESSIONS_ENDED = Counter("s2s_sessions_ended", "Sessions ended, by reason.", ["process", "reason"])
+SESSIONS_REFUSED = Counter("s2s_sessions_refused", "Connections refused, by error code.", ["process", "code"])
+QUARANTINES = Counter("s2s_quarantines", "Units quarantined after a drain missed its deadline.", ["process"])
+RELEASES = Counter("s2s_releases", "Quarantined units released by an operator.", ["process"])
+ERRORS = Counter("s2s_errors", "error events sent to clients, by code.", ["process", "code"])
+TURN_FIRST_AUDIO = Histogram("s2s_turn_first_audio_seconds",
+                             "From speech_stopped to the first audio delta sent.", ["process"], buckets=BUCKETS)
+STAGE_SECONDS = Histogram("s2s_stage_seconds", "Compute time of a stage in one turn.", ["process", "stage"],
+                          buckets=BUCKETS)
+
+
+def unit_changed(registry, old, new):
+    """Refresh the unit gauges after a state change (called under the registry lock)."""
+    counts = {state: 0 for state in STATES}
+    for unit in registry.units:
+        counts[unit.state] = counts.get(unit.state, 0) + 1
+    for state, count in counts.items():
+        UNITS.labels(PROCESS, state).set(count)
+    if new == "quarantined":
+        QUARANTINES.labels(PROCESS).inc()
+    elif old == "quarantined" and new == "idle":
+        RELEASES.labels(PROCESS).inc()
+
+
+def turn(timings):
+    """Observe one turn's ``turn timings`` (milliseconds, see realtime.session._log_turn)."""
+    if timings.get("first_audio_sent_ms") is not None:
+        TURN_FIRST_AUDIO.labels(PROCESS).observe(timings["first_audio_sent_ms"] / 1000)
+    for stage, key in (("stt", "stt_compute_ms"), ("tts_first_phrase", "tts_first_compute_ms")):
+        if timings.get(key):
+            STAGE_SECONDS.labels(PROCESS, stage).observe(timings[key] / 1000)
+    if timings.get("llm_first_phrase_ms") is not None and timings.get("llm_start_ms") is not None:
+        STAGE_SECONDS.labels(PROCESS, "llm_first_phrase").observe(
+            (timings["llm_first_phrase_ms"] - timings["llm_start_ms"]) / 1000)

@@ -1,0 +1,26 @@
+"""The benchmark suite runs end to end on small numbers (its figures are not checked here:
+speed is measured by bench/, never asserted by tests)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
+
+def test_bench_smoke_runs_every_benchmark():
+    run = subprocess.run([sys.executable, "-m", "bench.smoke"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout)
+    assert result["benchmark"] == "smoke" and result["machine"]["cores"] >= 1
+    assert result["turn_latency"]["turns"] >= 1
+    assert result["connect_storm"]["claims"] == 2 and result["connect_storm"]["clean_rejections"] == 10
+    assert result["connect_storm"]["no_unit_claimed_twice"]
+    assert result["listening"]["steps"][0]["active_units"] == 2
+    assert result["throughput"]["turns"] >= 1
+    assert result["soak"]["sessions_in_a_row"]["sessions"] == 20
