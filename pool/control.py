@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 CONFIRM_SECONDS = 5.0  # how long the admin waits to see a remote release take effect
 RETRY_SECONDS = 1.0  # after a channel-layer error (Redis gone), before listening again
+SEND_ATTEMPTS = 3
 
 
 def release_unit(unit_row, user):
@@ -49,11 +50,15 @@ def _release_remote(unit_row, session_id, user):
     channel = unit_row.process.control_channel
     if layer is None or not channel:
         return False, f"{unit_row} belongs to another process and no channel layer reaches it."
-    try:
-        async_to_sync(layer.send)(channel, {"type": "pool.control", "command": "release",
-                                            "index": unit_row.index})
-    except Exception as exc:  # noqa: BLE001 - the layer may be down; say so in the admin
-        return False, f"Could not reach {unit_row.process} through the channel layer: {exc}"
+    message = {"type": "pool.control", "command": "release", "index": unit_row.index}
+    for attempt in range(SEND_ATTEMPTS):
+        try:
+            async_to_sync(layer.send)(channel, message)
+            break
+        except Exception as exc:  # noqa: BLE001 - the layer may be down; say so in the admin
+            if attempt == SEND_ATTEMPTS - 1:
+                return False, f"Could not reach {unit_row.process} through the channel layer: {exc}"
+            time.sleep(0.2)  # a connection left over from before a Redis restart fails once
     deadline = time.monotonic() + CONFIRM_SECONDS
     while time.monotonic() < deadline:
         unit_row.refresh_from_db(fields=["state"])

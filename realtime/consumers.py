@@ -41,6 +41,11 @@ KEY_SESSIONS = collections.Counter()  # API key id -> open sessions in this proc
 
 
 class RealtimeConsumer(AsyncWebsocketConsumer):
+    # Sessions never use the channel layer (operator commands go to the process, pool.control).
+    # Without this, channels subscribes every consumer to the layer, and a Redis outage would
+    # end every session with 1011.
+    channel_layer_alias = None
+
     unit = None
     session = None
     sender = None

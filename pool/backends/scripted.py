@@ -3,7 +3,9 @@
 For fast tests where a real model is not the point. Nothing here pretends to be a model: the STT
 returns ``SCRIPT.transcript``, the LLM streams ``SCRIPT.reply`` word by word, and the TTS returns a
 tone whose length follows the text. ``SCRIPT.wedge`` (a threading.Event) blocks the LLM stage while
-set, to test drains that never finish. Tests change ``SCRIPT`` and call ``SCRIPT.reset()`` after.
+set, to test drains that never finish; across processes, a user message containing
+``WEDGE_WORD`` wedges it the same way (for WEDGE_SECONDS). Tests change ``SCRIPT`` and call
+``SCRIPT.reset()`` after.
 """
 
 import threading
@@ -33,6 +35,8 @@ class Script:
 
 
 SCRIPT = Script()
+WEDGE_WORD = "__wedge__"
+WEDGE_SECONDS = 120.0
 
 
 class ScriptedSTT:
@@ -49,6 +53,8 @@ class ScriptedLLM:
     def generate(self, request, on_text, should_stop, on_function_call=None):
         SCRIPT.requests.append(request)
         last = request.messages[-1]
+        if WEDGE_WORD in (last.get("content") or ""):
+            time.sleep(WEDGE_SECONDS)  # a stuck handler, as another process sees it
         tools = request.offered_tools()
         if tools and on_function_call and last["role"] == "user":
             on_function_call(tools[0]["name"], SCRIPT.tool_arguments)
