@@ -22,9 +22,11 @@ def _free_port():
 class LiveServer:
     """``manage.py runpool`` in a subprocess with its own SQLite file, ready once /healthz answers."""
 
-    def __init__(self, folder, pool_size=1, env=None, args=()):
+    def __init__(self, folder, pool_size=1, env=None, args=(), prefix=""):
+        """``prefix``: where the host project mounts the apps ("" for s2s_project, "/voice")."""
         self.port = _free_port()
-        self.base_url = f"ws://127.0.0.1:{self.port}/v1"
+        self.prefix = prefix
+        self.base_url = f"ws://127.0.0.1:{self.port}{prefix}/v1"
         self.db = folder / "db.sqlite3"
         self.log = folder / "server.log"
         env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), **(env or {})}
@@ -43,7 +45,7 @@ class LiveServer:
 
     def _healthy(self):
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1) as reply:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.prefix}/healthz", timeout=1) as reply:
                 return reply.status == 200
         except OSError:
             return False

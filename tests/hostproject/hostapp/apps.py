@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class HostAppConfig(AppConfig):
+    name = "tests.hostproject.hostapp"
+    label = "hostapp"
