@@ -85,23 +85,26 @@ class PoolRegistry:
             self._set_state(unit, DRAINING, unit.session_id)
         timer.start()
 
+    def _end_drain(self, unit, ctx):
+        """Under the lock: the drain of ``ctx`` on ``unit`` if it is still the one running (the
+        drain and its deadline race; only the first to come ends it), else None."""
+        drain = self._drains.get(unit.index)
+        if unit.state != DRAINING or drain is None or drain[0] is not ctx:
+            return None
+        return self._drains.pop(unit.index)
+
     def _on_drained(self, unit, ctx):
         with self._lock:
-            drain = self._drains.get(unit.index)
-            if unit.state != DRAINING or drain is None or drain[0] is not ctx:
-                return
-            del self._drains[unit.index]
-            drain[1].cancel()
-            self._set_state(unit, IDLE)
+            drain = self._end_drain(unit, ctx)
+            if drain:
+                drain[1].cancel()
+                self._set_state(unit, IDLE)
 
     def _on_deadline(self, unit, ctx):
         with self._lock:
-            drain = self._drains.get(unit.index)
-            if unit.state != DRAINING or drain is None or drain[0] is not ctx:
-                return
-            del self._drains[unit.index]
-            log.warning("unit %s did not drain in %.0f s: quarantined", unit.index, self.release_after)
-            self._set_state(unit, QUARANTINED, unit.session_id)
+            if self._end_drain(unit, ctx):
+                log.warning("unit %s did not drain in %.0f s: quarantined", unit.index, self.release_after)
+                self._set_state(unit, QUARANTINED, unit.session_id)
 
     def release_quarantined(self, index):
         """Operator release: fresh threads for the unit, then idle. Returns False if not quarantined."""

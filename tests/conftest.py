@@ -9,7 +9,7 @@ from .helpers import Client
 from .live import LiveServer
 
 
-SCRIPTED = {"BACKEND": "scripted", "POOL_SIZE": 2, "RELEASE_AFTER_SECONDS": 1.0, "ALLOW_ANONYMOUS": True}
+SCRIPTED = {"BACKEND": "scripted", "POOL_SIZE": 2, "RELEASE_AFTER_SECONDS": 2.0, "ALLOW_ANONYMOUS": True}
 
 
 @pytest.fixture

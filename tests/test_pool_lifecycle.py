@@ -293,8 +293,9 @@ async def test_every_session_update_value_is_reset_for_the_next_session(recorded
 
     for append in speech_appends():
         await client.send(append)
-    done = await client.until("response.done", timeout=30)
-    assert done["response"]["status"] == "completed"
+    # default server VAD: JFK's pauses end turns, and a later turn may barge in on an answer
+    while (done := await client.until("response.done", timeout=30))["response"]["status"] != "completed":
+        assert done["response"]["status_details"]["reason"] == "turn_detected"
     assert done["response"]["output"][0]["type"] == "message"
     assert "response.output_audio.delta" in client.types()
     request = SCRIPT.requests[-1]

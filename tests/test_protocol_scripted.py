@@ -199,7 +199,10 @@ async def test_wedged_unit_is_quarantined_and_never_claimed(connect, scripted_po
     while not SCRIPT.requests:  # until the LLM stage is inside generate, wedged
         await asyncio.sleep(0.01)
     await client.ws.disconnect()
-    await asyncio.sleep(1.5)  # RELEASE_AFTER_SECONDS is 1.0 in the scripted pool
+    for _ in range(250):  # RELEASE_AFTER_SECONDS is 2.0 in the scripted pool
+        if any(u["state"] == "quarantined" for u in scripted_pool.snapshot()):
+            break
+        await asyncio.sleep(0.02)
     states = sorted(u["state"] for u in scripted_pool.snapshot())
     assert states == ["idle", "quarantined"]
     index = next(u["index"] for u in scripted_pool.snapshot() if u["state"] == "quarantined")
