@@ -209,3 +209,89 @@ async def test_wedged_unit_is_quarantined_and_never_claimed(connect, scripted_po
     SCRIPT.wedge.clear()
     assert scripted_pool.release_quarantined(index)
     assert [u["state"] for u in scripted_pool.snapshot()] == ["idle", "idle"]
+
+
+async def test_create_response_false_commits_turns_without_answering(connect):
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+        "silence_duration_ms": 1500, "create_response": False}}}}})
+    await client.until("session.updated")
+    for append in speech_appends():
+        await client.send(append)
+    await client.until("conversation.item.input_audio_transcription.completed", timeout=30)
+    assert await client.ws.receive_nothing(1.0)
+    assert "response.created" not in client.types()
+    await client.send({"type": "response.create"})  # the client answers when it wants
+    assert (await client.until("response.done"))["response"]["status"] == "completed"
+    await client.ws.disconnect()
+
+
+async def test_manual_turns_with_turn_detection_null(connect):
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+    await client.until("session.updated")
+    for append in speech_appends(silence_s=0.5):
+        await client.send(append)
+    assert await client.ws.receive_nothing(0.5)  # no VAD events without server VAD
+    await client.send({"type": "input_audio_buffer.commit"})
+    committed = await client.until("input_audio_buffer.committed")
+    transcribed = await client.until("conversation.item.input_audio_transcription.completed")
+    assert transcribed["item_id"] == committed["item_id"]
+    assert "input_audio_buffer.speech_started" not in client.types()
+    await client.send({"type": "response.create"})
+    assert (await client.until("response.done"))["response"]["status"] == "completed"
+    await client.ws.disconnect()
+
+
+async def test_response_overrides_and_out_of_band_responses(connect):
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}})
+    await client.until("conversation.item.done")
+    await client.send({"type": "response.create", "response": {
+        "conversation": "none", "instructions": "Classify the mood.", "max_output_tokens": 2,
+        "output_modalities": ["text"], "metadata": {"purpose": "mood"}}})
+    done = await client.until("response.done")
+    request = SCRIPT.requests[-1]
+    assert request.messages[0]["content"] == "Classify the mood." and request.max_output_tokens == 2
+    assert done["response"]["metadata"] == {"purpose": "mood"} and done["response"]["conversation_id"] is None
+    item = done["response"]["output"][0]
+    assert item["content"][0]["text"] == " ".join(SCRIPT.reply.split(" ")[:2])
+    added = [e for e in client.received if e["type"] == "conversation.item.added"]
+    assert all(e["item"]["id"] != item["id"] for e in added)  # not in the conversation
+    await client.send({"type": "conversation.item.retrieve", "item_id": item["id"]})
+    assert (await client.until("error"))["error"]["code"] == "item_not_found"
+    await client.ws.disconnect()
+
+
+async def test_g711_in_and_out(connect):
+    from realtime.audio import InputAudioDecoder, OutputAudioEncoder
+    from realtime.client import load_audio
+
+    from .helpers import JFK
+
+    client = await connect()
+    await client.until("session.created")
+    await client.send({"type": "session.update", "session": {"audio": {
+        "input": {"format": {"type": "audio/pcmu"}, "turn_detection": {"silence_duration_ms": 1500}},
+        "output": {"format": {"type": "audio/pcma"}}}}})
+    updated = (await client.until("session.updated"))["session"]
+    assert updated["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+    import numpy as np
+
+    speech = np.concatenate([load_audio(JFK), np.zeros(48_000, np.float32)])
+    mulaw = OutputAudioEncoder({"type": "audio/pcmu"}).encode(speech, last=True)  # 8 kHz, 1 byte a sample
+    for i in range(0, len(mulaw), 320):  # 40 ms
+        await client.send({"type": "input_audio_buffer.append", "audio": base64.b64encode(mulaw[i:i + 320]).decode()})
+    done = await client.until("response.done", timeout=30)
+    assert done["response"]["status"] == "completed"
+    alaw = b"".join(base64.b64decode(e["delta"]) for e in client.received if e["type"] == "response.output_audio.delta")
+    seconds = len(SCRIPT.reply) * SCRIPT.seconds_per_char  # what the scripted TTS spoke, at 24 kHz
+    assert abs(len(alaw) - seconds * 8000) < 0.05 * seconds * 8000  # A-law: 8,000 bytes a second
+    tone = InputAudioDecoder({"type": "audio/pcma"}).decode(alaw)[1600:]  # as A-law, 16 kHz
+    peak_hz = np.argmax(np.abs(np.fft.rfft(tone))) * 16_000 / len(tone)
+    assert abs(peak_hz - 220) < 5  # the scripted TTS's 220 Hz tone, intact through G.711
+    await client.ws.disconnect()
