@@ -63,12 +63,15 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         if refusal is not None:
             await self._refuse(refusal.code, refusal.message)
             return
+        if not self.registry.accepting:
+            await self._refuse("server_shutting_down", "This server is shutting down; connect again.",
+                               CLOSE_GOING_AWAY)
+            return
         self.unit = self.registry.claim(session_id)
         if self.unit is None and self.registry.draining():
             self.unit = await asyncio.to_thread(self.registry.claim, session_id,
                                                 get_config()["CLAIM_WAIT_SECONDS"])
         if self.unit is None:
-            self._release_key()
             await self._refuse("session_limit_reached",
                                "Every unit of this server's pool is busy; try again later.")
             return
@@ -123,11 +126,13 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             KEY_SESSIONS[self.api_key_id] -= 1
             self.api_key_id = None
 
-    async def _refuse(self, code, message):
+    async def _refuse(self, code, message, close_code=CLOSE_POLICY_VIOLATION):
+        """An accepted socket that gets no session: one ``error`` event, then the close."""
+        self._release_key()
         metrics.SESSIONS_REFUSED.labels(metrics.PROCESS, code).inc()
         error = ProtocolError(code, message)
         await self.send(json.dumps({"type": "error", "event_id": new_id("event"), "error": error.to_error()}))
-        await self.close(code=CLOSE_POLICY_VIOLATION)
+        await self.close(code=close_code)
 
     def _from_pipeline(self, event):
         """Called from stage threads: hand the event to the event loop."""
