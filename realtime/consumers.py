@@ -23,7 +23,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from pool import auth, metrics
 from pool.conf import get_config
 from pool.ids import new_id
-from pool.registry import get_registry
+from pool.registry import get_registry, local_registry
 
 from .errors import ProtocolError
 from .events import parse_client_frame
@@ -58,7 +58,9 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self.loop = asyncio.get_running_loop()
         self.outbox = asyncio.Queue()
         session_id = new_id("sess")
-        self.registry = await asyncio.to_thread(get_registry)  # loads the models on first use
+        # The pool is built once per process (runpool builds it before serving); only the very
+        # first connect of an embedding site pays for loading the models, off the event loop.
+        self.registry = local_registry() or await asyncio.to_thread(get_registry)
         refusal = await self._authorize()
         if refusal is not None:
             await self._refuse(refusal.code, refusal.message)
