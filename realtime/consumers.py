@@ -35,6 +35,7 @@ SUBPROTOCOL = "realtime"
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY_VIOLATION = 1000, 1001, 1008
 SUBMIT_RETRY_SECONDS = 0.005  # back-pressure poll while the unit's input queue is full
 SUBMIT_WAIT_LIMIT = 5.0  # then the event is refused with server_busy
+CLAIM_SETTLE_SECONDS = 0.05  # a full pool is asked twice, this far apart, before refusing
 
 LIVE = weakref.WeakSet()  # consumers with a claimed unit, for shutdown
 KEY_SESSIONS = collections.Counter()  # API key id -> open sessions in this process
@@ -70,6 +71,12 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
                                CLOSE_GOING_AWAY)
             return
         self.unit = self.registry.claim(session_id)
+        if self.unit is None:
+            # A client that closes and reconnects at once can get here before the server has
+            # handled its close (the close handshake completes below the application): let
+            # pending disconnects run, then try again, waiting for a unit that is draining.
+            await asyncio.sleep(CLAIM_SETTLE_SECONDS)
+            self.unit = self.registry.claim(session_id)
         if self.unit is None and self.registry.draining():
             self.unit = await asyncio.to_thread(self.registry.claim, session_id,
                                                 get_config()["CLAIM_WAIT_SECONDS"])

@@ -23,4 +23,4 @@ def test_bench_smoke_runs_every_benchmark():
     assert result["connect_storm"]["no_unit_claimed_twice"]
     assert result["listening"]["steps"][0]["active_units"] == 2
     assert result["throughput"]["turns"] >= 1
-    assert result["soak"]["sessions_in_a_row"]["sessions"] == 20
+    assert result["soak"]["sessions_in_a_row"]["served"] == 20

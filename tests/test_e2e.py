@@ -234,3 +234,15 @@ def test_admin_pool_page_in_headless_chromium_with_a_session_active(scripted_ser
     finally:
         release.set()
         holder.join(30)
+
+
+async def test_a_client_that_reconnects_right_after_closing_is_served_every_time(server):
+    # The close handshake completes before the server application handles the disconnect, so
+    # a reconnect can race it on a pool of one (found by bench/soak.py).
+    await _wait_idle(server.port)
+    silence = base64.b64encode(bytes(9600)).decode()
+    for _ in range(50):
+        async with websockets.connect(f"{server.base_url}/realtime") as ws:
+            first = json.loads(await ws.recv())
+            assert first["type"] == "session.created", first
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": silence}))
