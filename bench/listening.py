@@ -25,7 +25,8 @@ PAUSE_S = 8.0  # silence after each utterance
 
 async def listener(url, chunks, offset, stop_at):
     async with websockets.connect(url) as ws:
-        await ws.recv()
+        if json.loads(await ws.recv())["type"] != "session.created":
+            return  # refused: the step reports fewer active units
         await ws.send(json.dumps({"type": "session.update", "session": {
             "audio": {"input": {"turn_detection": {"create_response": False}}}}}))
         t0 = time.perf_counter()
@@ -74,14 +75,24 @@ async def step(server, k, seconds, chunks):
             "health_ms": health_stats, "keeps_real_time": ok}
 
 
+def wait_idle(server, timeout=120):
+    """Until every unit is idle (the last step's transcriptions may still be queued)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(u["state"] == "idle" for u in pool_status(server)["units"]):
+            return
+        time.sleep(0.5)
+    raise RuntimeError("the pool did not return to idle")
+
+
 def run(server, steps, seconds):
     speech = load_audio(RECORDINGS["hotwords"])
     pattern = np.concatenate([speech, np.zeros(int(PAUSE_S * 24_000), np.float32)])
     chunks = [base64.b64encode(c).decode() for c in pcm16_chunks(pattern)]
     results = []
     for k in steps:
+        wait_idle(server)
         results.append(asyncio.run(step(server, k, seconds, chunks)))
-        time.sleep(3)  # let the units drain
     passing = [r["sessions"] for r in results if r["keeps_real_time"]]
     return {"seconds_per_step": seconds, "steps": results, "largest_k": max(passing, default=0),
             "target_at_least_32": max(passing, default=0) >= 32}

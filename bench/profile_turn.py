@@ -2,8 +2,9 @@
 
     python -m bench.profile_turn [--recording hotwords] [--out artifacts/turn-profile.txt]
 
-Samples every thread of the server (native frames included) for the duration of one turn, then
-prints the busiest threads and the functions they were in (self time).
+Samples every busy thread of the server (idle waits left out) for the duration of one turn, then
+prints the busiest threads and the Python functions they were in (time inside a C extension -
+onnxruntime, CTranslate2, torch - counts for the Python function that called it).
 """
 
 import argparse
@@ -43,7 +44,7 @@ def main(argv=None):
     server = start_server(1)
     try:
         spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid",
-                                str(server.process.pid), "--rate", "200", "--threads", "--idle",
+                                str(server.process.pid), "--rate", "200", "--threads",
                                 "--format", "raw", "--output", args.out, "--nonblocking"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         asyncio.run(converse(f"{server.base_url}/realtime", RECORDINGS[args.recording]))

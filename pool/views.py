@@ -10,11 +10,19 @@ from .conf import get_config
 from .registry import get_registry
 
 
-def health(request):
-    """``GET /healthz``: 200 with the number of units and free units once the pool is built."""
+def health_payload():
+    """``{"status": "ok", "pool_size", "idle"}`` of this process's pool (built if need be)."""
     units = get_registry().snapshot()
-    return JsonResponse({"status": "ok", "pool_size": len(units),
-                         "idle": sum(u["state"] == "idle" for u in units)})
+    return {"status": "ok", "pool_size": len(units), "idle": sum(u["state"] == "idle" for u in units)}
+
+
+def health(request):
+    """``GET /healthz``: 200 with the number of units and free units once the pool is built.
+
+    The stand-alone project answers this path on the event loop (``pool.asgi``); a host site gets
+    the same answer from this view wherever it mounts ``pool.urls``.
+    """
+    return JsonResponse(health_payload())
 
 
 def _may_read_status(request):

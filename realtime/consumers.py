@@ -160,8 +160,10 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         if self.session is None:
             return
         self.last_client_event = time.monotonic()
-        size = len(text_data.encode() if text_data is not None else bytes_data or b"")
         limit = get_config()["MAX_MESSAGE_BYTES"]
+        size = len(text_data) if text_data is not None else len(bytes_data or b"")
+        if text_data is not None and limit < size * 4:  # UTF-8 may take up to 4 bytes a character
+            size = len(text_data.encode())
         try:
             if size > limit:
                 raise ProtocolError("message_too_large",

@@ -9,9 +9,10 @@ django_asgi_app = get_asgi_application()  # before importing consumers: it sets 
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from pool.asgi import HealthCheckMiddleware  # noqa: E402
 from realtime.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
-    "http": django_asgi_app,
+    "http": HealthCheckMiddleware(django_asgi_app),
     "websocket": URLRouter(websocket_urlpatterns),
 })

@@ -1,6 +1,7 @@
 """Unit lifecycle, session records and the admin pool console, on the scripted backend."""
 
 import asyncio
+import json
 import os
 import threading
 from datetime import timedelta
@@ -302,3 +303,13 @@ async def test_every_session_update_value_is_reset_for_the_next_session(recorded
     assert request.tools == [] and request.max_output_tokens > 3
     assert request.messages[0]["content"] == defaults["instructions"]
     await client.ws.disconnect()
+
+
+async def test_health_check_is_answered_without_django(scripted_pool):
+    from channels.testing import HttpCommunicator
+
+    from s2s_project.asgi import application
+
+    reply = await HttpCommunicator(application, "GET", "/healthz").get_response()
+    assert reply["status"] == 200
+    assert json.loads(reply["body"]) == {"status": "ok", "pool_size": 2, "idle": 2}
