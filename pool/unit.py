@@ -74,7 +74,6 @@ class _Chain:
             except Exception as exc:  # noqa: BLE001 - a handler error must not kill its thread
                 log.exception("unit %s: %s stage failed", self.unit.index, stage.name)
                 ctx.emit(m.StageFailed(stage.name, f"{type(exc).__name__}: {exc}"))
-                self.unit.failures += 1
 
     def stop(self):
         self.abandoned = True
@@ -100,7 +99,6 @@ class PipelineUnit:
         self.state = IDLE
         self.session_id = None
         self.state_since = None
-        self.failures = 0
         self._backends = backends
         self._on_drained_callback = on_drained_callback
         self._ctx = None
@@ -152,7 +150,3 @@ class PipelineUnit:
     def input_lag_max(self):
         """Longest wait (seconds) of an append between arrival and VAD in the current session."""
         return self._chain.stages[0].input_lag_max
-
-    @property
-    def threads(self):
-        return list(self._chain.threads)
