@@ -12,14 +12,16 @@ import os
 import queue
 import socket
 import threading
+import time
 from datetime import timedelta
 
-from django.db import close_old_connections, connection, transaction
+from django.db import OperationalError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+WRITE_ATTEMPTS = 4  # a write that meets a locked database is retried after 0.1, 0.2, 0.4 s
 
 
 class NoRecords:
@@ -114,10 +116,18 @@ class Records(NoRecords):
     @staticmethod
     def _write(fn, *args):
         close_old_connections()
-        try:
-            fn(*args)
-        except Exception:  # noqa: BLE001 - a failed write is logged; the pool goes on
-            log.exception("pool records: %s failed", getattr(fn, "__name__", fn))
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                fn(*args)
+                return
+            except OperationalError as exc:  # SQLite "database is locked" by another writer
+                if attempt == WRITE_ATTEMPTS - 1:
+                    log.error("pool records: %s failed: %s", getattr(fn, "__name__", fn), exc)
+                    return
+                time.sleep(0.1 * 2 ** attempt)
+            except Exception:  # noqa: BLE001 - a failed write is logged; the pool goes on
+                log.exception("pool records: %s failed", getattr(fn, "__name__", fn))
+                return
 
     # --- on the recorder thread ----------------------------------------------------------------
 

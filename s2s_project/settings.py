@@ -74,6 +74,9 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": os.environ.get("S2S_SQLITE_PATH", BASE_DIR / "db.sqlite3"),
+            # Tests write from several threads (the recorder, the test client): a file waits
+            # for a lock where the shared-cache in-memory database fails at once.
+            "TEST": {"NAME": BASE_DIR / "test-db.sqlite3"},
         }
     }
 
