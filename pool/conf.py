@@ -39,6 +39,9 @@ DEFAULTS = {
     "LLM_API_KEY": "",
     "LLM_API_MODEL": "",
     "LLM_MAX_OUTPUT_TOKENS": 120,
+    # Conversation sent to the LLM per response (characters of chat messages, newest first), with
+    # the session's truncation "auto": a long call keeps a bounded prompt.
+    "LLM_CONTEXT_CHARS": 8000,
     "TTS_MODEL": None,  # a Kokoro .onnx file
     "TTS_VOICES": None,  # a Kokoro voices .npz file
     # Threads for each library, decided together for a 2-core machine: VAD is tiny and runs

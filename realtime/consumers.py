@@ -95,6 +95,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             "instructions": config["DEFAULT_INSTRUCTIONS"],
             "voice": config["DEFAULT_VOICE"],
             "max_output_tokens": config["LLM_MAX_OUTPUT_TOKENS"],
+            "context_chars": config["LLM_CONTEXT_CHARS"],
         }
         self.sender = asyncio.create_task(self._send_loop())
         self.ctx = self.unit.begin(self._from_pipeline)

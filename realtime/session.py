@@ -62,7 +62,8 @@ class RealtimeSession:
     """One client's session on one unit.
 
     ``port``: the unit, with ``submit(msg) -> bool``; ``send(event_dict)``: queues a server event;
-    ``defaults``: ``{"model", "instructions", "voice", "max_output_tokens"}`` of new sessions.
+    ``defaults``: ``{"model", "instructions", "voice", "max_output_tokens", "context_chars"}`` of
+    new sessions (``context_chars``: the LLM context budget for conversation items, characters).
     """
 
     def __init__(self, session_id, port, send, defaults):
@@ -70,6 +71,7 @@ class RealtimeSession:
         self._port = port
         self._send_raw = send
         self._max_tokens_cap = defaults["max_output_tokens"]
+        self._context_chars = defaults.get("context_chars", 8000)
         self.config = sc.default_session(session_id, defaults["model"], defaults["instructions"],
                                          defaults["voice"])
         self.items = {}  # item id -> item, in conversation order
@@ -348,13 +350,22 @@ class RealtimeSession:
         return self._normalise_item(entry)
 
     def _llm_messages(self, params):
-        messages = [{"role": "system", "content": params["instructions"]}]
+        """System instructions and the conversation as chat messages. With ``truncation``
+        "auto" (the default) only the most recent items that fit ``context_chars`` are sent, so
+        a long call keeps a bounded prompt (prefill time and memory); "disabled" sends all."""
         items = params["input"] if params["input"] is not None else list(self.items.values())
-        for item in items:
-            message = _item_message(item)
-            if message:
-                messages.append(message)
-        return messages
+        history = [message for message in map(_item_message, items) if message]
+        if self.config["truncation"] != "disabled":
+            budget, kept = self._context_chars, []
+            for message in reversed(history):
+                budget -= len(json.dumps(message))
+                if budget < 0 and kept:
+                    break
+                kept.append(message)
+            history = kept[::-1]
+            while history and history[0]["role"] == "tool":  # never a result without its call
+                history.pop(0)
+        return [{"role": "system", "content": params["instructions"]}, *history]
 
     def _cancel_response(self, reason):
         response, self.response = self.response, None

@@ -295,3 +295,23 @@ async def test_g711_in_and_out(connect):
     peak_hz = np.argmax(np.abs(np.fft.rfft(tone))) * 16_000 / len(tone)
     assert abs(peak_hz - 220) < 5  # the scripted TTS's 220 Hz tone, intact through G.711
     await client.ws.disconnect()
+
+
+async def test_a_long_conversation_sends_a_bounded_context_to_the_llm(connect, settings):
+    settings.S2S = {**settings.S2S, "LLM_CONTEXT_CHARS": 600}
+    client = await connect()
+    await client.until("session.created")
+    for i in range(40):
+        await client.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"message {i} " * 5}]}})
+    await client.send({"type": "response.create"})
+    await client.until("response.done")
+    sent = SCRIPT.requests[-1].messages
+    assert sent[0]["role"] == "system" and sent[-1]["content"].startswith("message 39")
+    assert 2 < len(sent) < 15 and sum(len(m["content"]) for m in sent[1:]) <= 600
+    await client.send({"type": "session.update", "session": {"truncation": "disabled"}})
+    await client.until("session.updated")
+    await client.send({"type": "response.create"})
+    await client.until("response.done")
+    assert len(SCRIPT.requests[-1].messages) == 1 + 40 + 1  # every item, and the first reply
+    await client.ws.disconnect()
