@@ -53,3 +53,9 @@ class Client:
 
     def types(self):
         return [e["type"] for e in self.received]
+
+
+def user_text(text):
+    """A ``conversation.item.create`` event for a user message of text."""
+    return {"type": "conversation.item.create", "item": {
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}

@@ -15,15 +15,14 @@ from pool.backends.vad import SileroVAD
 from pool.prepare import default_paths
 from pool.registry import PoolRegistry, set_registry
 
-from .helpers import Client
+from .helpers import Client, user_text
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
 
 async def ask(client, text):
-    await client.send({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+    await client.send(user_text(text))
     await client.until("conversation.item.done")
     await client.send({"type": "response.create"})
     return await client.until("response.done")

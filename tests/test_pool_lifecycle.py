@@ -15,6 +15,8 @@ from pool.backends.scripted import SCRIPT
 from pool.models import ServerProcess, Session, Unit
 from pool.records import Records
 
+from .helpers import user_text
+
 
 
 
@@ -99,8 +101,7 @@ async def test_wedged_unit_quarantined_then_released_by_an_operator_restores_cap
 async def test_session_row_records_the_life_of_a_session(recorded_pool, connect):
     client = await connect()
     session_id = (await client.until("session.created"))["session"]["id"]
-    await client.send({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}})
+    await client.send(user_text("hi"))
     await client.send({"type": "response.create"})
     await client.until("response.done")
     await client.send({"type": "response.cancel"})
@@ -158,8 +159,7 @@ async def test_session_values_never_leak_to_the_next_session_on_the_unit(recorde
         "audio": {"input": {"turn_detection": {"threshold": 0.95, "silence_duration_ms": 1200}},
                   "output": {"voice": "echo", "speed": 1.4}}}})
     await client.until("session.updated")
-    await client.send({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "secret"}]}})
+    await client.send(user_text("secret"))
     await client.until("conversation.item.done")
     await client.ws.disconnect()
     await wait_for(lambda: unit_state(recorded_pool) == "idle")

@@ -7,7 +7,7 @@ import pytest
 
 from pool.backends.scripted import SCRIPT
 
-from .helpers import speech_appends
+from .helpers import speech_appends, user_text
 
 pytestmark = pytest.mark.usefixtures("scripted_pool")
 
@@ -91,8 +91,7 @@ async def test_voice_turn_events_in_protocol_order(connect):
 async def test_text_turn_with_text_output(connect):
     client = await connect()
     await client.until("session.created")
-    await client.send({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi there"}]}})
+    await client.send(user_text("Hi there"))
     await client.until("conversation.item.done")
     await client.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
     done = await client.until("response.done")
@@ -248,8 +247,7 @@ async def test_manual_turns_with_turn_detection_null(connect):
 async def test_response_overrides_and_out_of_band_responses(connect):
     client = await connect()
     await client.until("session.created")
-    await client.send({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}})
+    await client.send(user_text("hello"))
     await client.until("conversation.item.done")
     await client.send({"type": "response.create", "response": {
         "conversation": "none", "instructions": "Classify the mood.", "max_output_tokens": 2,
