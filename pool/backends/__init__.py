@@ -4,10 +4,14 @@ A backend is a plain object with one job each:
 
 - VAD: ``new_stream()`` -> an object with ``probability(window)``; ``window`` is 512 float32
   samples at 16 kHz (32 ms), the result the speech probability in [0, 1].
-- STT: ``transcribe(audio, language)`` -> str; ``audio`` is float32 mono at 16 kHz.
-- LLM: ``generate(request, on_text, should_stop)`` -> usage dict; streams text through
-  ``on_text(str)`` and stops early when ``should_stop()`` is true.
+- STT: ``transcribe(audio, language, prompt=None)`` -> str; ``audio`` is float32 mono at
+  16 kHz; ``prompt``: text to bias the spelling (Whisper's initial prompt).
+- LLM: ``generate(request, on_text, should_stop, on_function_call)`` -> usage dict; streams text
+  through ``on_text(str)``, reports a tool call through ``on_function_call(name, arguments)``
+  and stops early when ``should_stop()`` is true.
 - TTS: ``synthesize(text, voice, speed)`` -> float32 mono at 24 kHz; ``resolve_voice(name)``.
+- End of turn (``semantic_vad``): ``is_complete(audio)`` -> bool; ``audio`` is the turn so far,
+  float32 mono at 16 kHz (``pool.backends.turn.SmartTurn``).
 
 ``load_backends(config)`` builds them from the settings dict (``pool.conf.get_config()``).
 """
@@ -25,6 +29,7 @@ class Backends:
     stt: object
     llm: object
     tts: object
+    turn: object = None  # None: semantic_vad ends turns on silence alone
 
 
 def load_backends(config):
@@ -43,6 +48,7 @@ def load_backends(config):
     from .llm import load_llm
     from .stt import WhisperSTT
     from .tts import KokoroTTS
+    from .turn import SmartTurn
     from .vad import SileroVAD
 
     cache = config["MODEL_CACHE_DIR"]
@@ -57,6 +63,7 @@ def load_backends(config):
         llm=load_llm(config, paths["llm"]),
         tts=KokoroTTS(config["TTS_MODEL"] or paths["tts_model"],
                       config["TTS_VOICES"] or paths["tts_voices"], threads["tts"]),
+        turn=SmartTurn(config["TURN_MODEL"] or paths["turn"]),
     )
     log.info("Models loaded in %.1f s", time.perf_counter() - started)
     return backends
