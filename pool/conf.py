@@ -43,6 +43,7 @@ DEFAULTS = {
     # the session's truncation "auto": a long call keeps a bounded prompt.
     "LLM_CONTEXT_CHARS": 8000,
     "TTS_MODEL": None,  # a Kokoro .onnx file
+    "TURN_MODEL": None,  # a Smart Turn v3.x .onnx file (semantic_vad's end-of-turn model)
     "TTS_VOICES": None,  # a Kokoro voices .npz file
     # Threads for each library, decided together for a 2-core machine: VAD is tiny and runs
     # alone; STT, LLM and TTS rarely overlap within one turn except LLM and TTS while streaming.
@@ -66,6 +67,24 @@ DEFAULTS = {
     # A token that may read GET /v1/pool and /metrics (Authorization: Bearer <token>); staff
     # users always may.
     "STATUS_TOKEN": None,
+    # Turn detection of a new session: "server_vad" (as OpenAI's API) or "semantic_vad" (the
+    # end-of-turn model decides when the user has finished).
+    "DEFAULT_TURN_DETECTION": "server_vad",
+    # While the assistant speaks (its reply has sent audio, or that audio is still playing on the
+    # client), new speech is judged by a peek (a transcript of it so far) at each this many ms of
+    # voiced speech: it interrupts once a peek hears words other than backchannels; speech that
+    # ends before is a backchannel or noise and is dropped. Until then speech_started and the
+    # reply's next events are held back. 0: any speech interrupts at once (OpenAI's behaviour).
+    "INTERRUPT_MIN_SPEECH_MS": 500,
+    # Backchannel words (lower case, letters only). A peek made only of these, and of hums
+    # however they are spelled (m, h, n and u only: "mm-hmm", "uh-huh"), is not an interruption.
+    "BACKCHANNEL_WORDS": [
+        "ah", "oh", "aha", "yeah", "yep", "yup", "yes", "ok", "okay", "right", "sure", "alright", "and",
+        "i", "see", "got", "it", "cool", "nice", "wow", "really", "true", "exactly",
+    ],
+    # The STT's prompt for peeks: Whisper writes a listener's "mm-hmm" as words it has been told
+    # to expect, not as look-alike words ("And Memhome.").
+    "BACKCHANNEL_PROMPT": "Mm-hmm. Uh-huh. Yeah. Okay. Right.",
     # Defaults of a new session, as in OpenAI's hosted API.
     "DEFAULT_INSTRUCTIONS": (
         "You are a helpful, friendly voice assistant. Answer in one or two short sentences "

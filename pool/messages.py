@@ -35,7 +35,9 @@ class SessionContext:
 @dataclass
 class ConfigureInput:
     """Input settings. ``decoder``: has ``decode(bytes) -> float32 @ 16 kHz``; ``turn_detection``:
-    None for manual turns, else dict with threshold, prefix_padding_ms, silence_ms."""
+    None for manual turns, else a dict: ``threshold`` (speech probability), ``prefix_padding_ms``,
+    ``silence_ms`` (the silence that always ends a turn) and ``check_ms`` (None, or the pause
+    after which the end-of-turn model is asked whether the turn is finished: semantic_vad)."""
 
     decoder: object
     turn_detection: dict | None
@@ -57,6 +59,18 @@ class CommitInput:
 @dataclass
 class ClearInput:
     event_id: str | None = None
+
+
+@dataclass
+class PeekInput:
+    """Transcribe the speech of ``item_id`` so far once it holds ``after_ms`` of voiced speech
+    (the protocol asks, to tell a backchannel from an interruption), with ``prompt`` as the
+    STT's initial prompt. Always answered by exactly one SpeechPeeked: with the transcript, or
+    with "" when the item ended shorter than ``after_ms`` (or is unknown)."""
+
+    item_id: str
+    after_ms: int
+    prompt: str | None = None
 
 
 @dataclass
@@ -86,6 +100,17 @@ class Transcribe:
     item_id: str
     audio: object  # float32 @ 16 kHz
     language: str | None
+
+
+@dataclass
+class Peek:
+    """VAD -> STT: the speech of an item still in progress."""
+
+    item_id: str
+    audio: object  # float32 @ 16 kHz
+    language: str | None
+    prompt: str | None
+    voiced_ms: int
 
 
 @dataclass
@@ -153,6 +178,15 @@ class Transcribed:
     transcript: str
     audio_seconds: float
     stt_seconds: float
+
+
+@dataclass
+class SpeechPeeked:
+    """The transcript of an item's speech so far (the answer to a PeekInput)."""
+
+    item_id: str
+    transcript: str
+    voiced_ms: int  # voiced speech in the audio transcribed
 
 
 @dataclass

@@ -23,8 +23,11 @@ from .ids import new_id
 MIN_COMMIT_MS = 100  # input_audio_buffer.commit needs at least this much audio (OpenAI's rule)
 MAX_BUFFER_SECONDS = 15 * 60  # manual-turn input buffer bound
 DELTA_MS = 200  # audio per response.output_audio.delta
-NEG_THRESHOLD_GAP = 0.15
-TTS_RATE = 24_000  # Hz, what the TTS backends return  # speech ends below threshold - 0.15 (Silero's get_speech_timestamps)
+NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (Silero's get_speech_timestamps)
+# Voiced audio (ms) before a candidate counts as speech: a breath or a click is not a turn and
+# does not interrupt. Silero's get_speech_timestamps uses 250 ms; shorter keeps a quick "No.".
+MIN_SPEECH_MS = 160
+TTS_RATE = 24_000  # Hz, what the TTS backends return
 
 
 def _ms(samples):
@@ -38,7 +41,9 @@ class VADStage:
 
     def __init__(self, backends, stt_inbox):
         self._stream = backends.vad.new_stream()
+        self._turn = backends.turn
         self._stt_inbox = stt_inbox
+        self.busy = False
         self.input_lag_max = 0.0  # seconds from an append's arrival to its VAD, this session
         self.end_session()
 
@@ -52,7 +57,11 @@ class VADStage:
         self._prefix = collections.deque()  # recent windows before speech (prefix padding)
         self._samples_seen = 0
         self._speech_item = None
-        self._silence = 0
+        self._silence = 0  # samples of silence since the last speech window
+        self._voiced, self._announced, self._speech_start = 0, False, 0  # the current speech
+        self._asked = False  # the end-of-turn model was asked about the current pause
+        self._peek = None  # (voiced samples, prompt) at which to peek at the current speech
+        self._last = None  # (item id, audio, voiced samples) of the last speech committed
         self.input_lag_max = 0.0
 
     def handle(self, ctx, msg):
@@ -62,11 +71,19 @@ class VADStage:
             if msg.turn_detection is None and self._speech_item:
                 self._speech_item = None  # switching to manual turns keeps the buffered audio
         elif isinstance(msg, m.AppendInput):
-            self._append(ctx, msg)
+            self.busy = True  # read by the protocol: a reply waits until all input is heard
+            try:
+                self._append(ctx, msg)
+            finally:
+                self.busy = False
         elif isinstance(msg, m.CommitInput):
             self._commit(ctx, msg.event_id, self._speech_item or new_id("item"))
+        elif isinstance(msg, m.PeekInput):
+            self._peek_request(ctx, msg)
         elif isinstance(msg, m.ClearInput):
-            self._buffer, self._pending, self._speech_item = [], self._pending[:0], None
+            if self._peek is not None:
+                ctx.emit(m.SpeechPeeked(self._speech_item, "", 0))
+            self._buffer, self._pending, self._speech_item, self._peek = [], self._pending[:0], None, None
             self._prefix.clear()
             ctx.emit(m.InputCleared(msg.event_id))
 
@@ -102,27 +119,70 @@ class VADStage:
         if td is None:
             self._buffer.append(window)
             return
+        voiced = probability >= td["threshold"]
         if self._speech_item is None:
             self._prefix.append(window)
             while len(self._prefix) * WINDOW_SAMPLES > td["prefix_padding_ms"] * SAMPLE_RATE // 1000 + WINDOW_SAMPLES:
                 self._prefix.popleft()
-            if probability >= td["threshold"]:
+            if voiced:  # a candidate: speech once it has MIN_SPEECH_MS of voiced windows
                 self._speech_item = new_id("item")
                 self._buffer = list(self._prefix)
                 self._prefix.clear()
-                self._silence = 0
-                start = self._samples_seen - len(self._buffer) * WINDOW_SAMPLES
-                ctx.emit(m.SpeechStarted(self._speech_item, _ms(max(start, 0))))
+                self._silence, self._voiced, self._announced = 0, 1, False
+                self._speech_start = self._samples_seen - len(self._buffer) * WINDOW_SAMPLES
             return
         self._buffer.append(window)
+        self._voiced += voiced
+        if not self._announced and self._voiced * WINDOW_SAMPLES * 1000 >= MIN_SPEECH_MS * SAMPLE_RATE:
+            self._announced = True
+            ctx.emit(m.SpeechStarted(self._speech_item, _ms(max(self._speech_start, 0))))
         if probability < max(td["threshold"] - NEG_THRESHOLD_GAP, 0.01):
             self._silence += WINDOW_SAMPLES
         else:
-            self._silence = 0
-        if self._silence * 1000 >= td["silence_ms"] * SAMPLE_RATE:
+            self._silence, self._asked = 0, False
+        if not self._announced:
+            if self._silence * 1000 >= MIN_SPEECH_MS * SAMPLE_RATE:
+                self._drop_candidate()
+            return
+        self._maybe_peek(ctx)
+        if self._silence * 1000 >= td["silence_ms"] * SAMPLE_RATE or self._finished_early(td):
             item_id = self._speech_item
             ctx.emit(m.SpeechStopped(item_id, _ms(self._samples_seen - self._silence)))
             self._commit(ctx, None, item_id)
+
+    def _drop_candidate(self):
+        """A click or a breath: too little voiced audio to be speech. Its windows become the
+        prefix padding of the next speech."""
+        self._prefix = collections.deque(self._buffer)
+        self._buffer, self._speech_item = [], None
+
+    def _finished_early(self, td):
+        """semantic_vad: at the first ``check_ms`` of a pause, the end-of-turn model decides."""
+        if (td["check_ms"] is None or self._turn is None or self._asked
+                or self._silence * 1000 < td["check_ms"] * SAMPLE_RATE):
+            return False
+        self._asked = True
+        return self._turn.is_complete(np.concatenate(self._buffer))
+
+    def _peek_request(self, ctx, msg):
+        """Peek at the current speech once it is voiced enough; at the last item, which ended
+        before the request came (the input was ahead of the protocol), as a whole."""
+        after = msg.after_ms * SAMPLE_RATE // 1000
+        if msg.item_id == self._speech_item:
+            self._peek = (after, msg.prompt)
+            self._maybe_peek(ctx)
+        elif self._last is not None and msg.item_id == self._last[0] and self._last[2] >= after:
+            item_id, audio, voiced = self._last
+            self._stt_inbox.put((ctx, m.Peek(item_id, audio, self.language, msg.prompt, _ms(voiced))))
+        else:  # too short, or long gone: no words to hear
+            ctx.emit(m.SpeechPeeked(msg.item_id, "", 0))
+
+    def _maybe_peek(self, ctx):
+        voiced = self._voiced * WINDOW_SAMPLES
+        if self._peek is not None and voiced >= self._peek[0]:
+            audio = np.concatenate(self._buffer)
+            self._stt_inbox.put((ctx, m.Peek(self._speech_item, audio, self.language, self._peek[1], _ms(voiced))))
+            self._peek = None
 
     def _commit(self, ctx, event_id, item_id):
         parts = self._buffer + ([self._pending] if len(self._pending) else [])
@@ -134,14 +194,19 @@ class VADStage:
                 f"{MIN_COMMIT_MS}ms of audio, but buffer only has {_ms(len(audio))}ms of audio.",
                 event_id))
             return
+        if self._peek is not None:  # it ended before it was voiced enough to be peeked at
+            ctx.emit(m.SpeechPeeked(item_id, "", _ms(self._voiced * WINDOW_SAMPLES)))
+        self._last = (item_id, audio, self._voiced * WINDOW_SAMPLES)
         self._buffer, self._pending, self._speech_item = [], self._pending[:0], None
         self._prefix.clear()
+        self._peek, self._asked, self._voiced = None, False, 0
         ctx.emit(m.InputCommitted(item_id, _ms(len(audio)), event_id))
         self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, self.language)))
 
 
 class STTStage:
-    """Transcribes committed items; every item gets Transcribed or TranscriptionFailed."""
+    """Transcribes committed items (every item gets Transcribed or TranscriptionFailed) and
+    peeks at speech still in progress (SpeechPeeked, or nothing when the peek fails)."""
 
     name = "stt"
 
@@ -152,6 +217,13 @@ class STTStage:
         pass
 
     def handle(self, ctx, msg):
+        if isinstance(msg, m.Peek):
+            try:
+                transcript = self._stt.transcribe(msg.audio, msg.language, prompt=msg.prompt)
+            except Exception:  # noqa: BLE001 - a failed peek hears no words; the item goes on
+                transcript = ""
+            ctx.emit(m.SpeechPeeked(msg.item_id, transcript, msg.voiced_ms))
+            return
         started = time.perf_counter()
         try:
             transcript = self._stt.transcribe(msg.audio, msg.language)

@@ -118,6 +118,10 @@ class PipelineUnit:
             return False
         return True
 
+    def input_pending(self):
+        """True while client audio sent to this unit has not been through the VAD yet."""
+        return self._chain.inboxes["vad"].qsize() > 0 or self._chain.stages[0].busy
+
     def input_full(self):
         """True while the VAD inbox cannot take another message."""
         return self._chain.inboxes["vad"].full()

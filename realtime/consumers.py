@@ -96,6 +96,10 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             "voice": config["DEFAULT_VOICE"],
             "max_output_tokens": config["LLM_MAX_OUTPUT_TOKENS"],
             "context_chars": config["LLM_CONTEXT_CHARS"],
+            "turn_detection": config["DEFAULT_TURN_DETECTION"],
+            "interrupt_min_speech_ms": config["INTERRUPT_MIN_SPEECH_MS"],
+            "backchannel_words": config["BACKCHANNEL_WORDS"],
+            "backchannel_prompt": config["BACKCHANNEL_PROMPT"],
         }
         self.sender = asyncio.create_task(self._send_loop())
         self.ctx = self.unit.begin(self._from_pipeline)

@@ -33,8 +33,11 @@ SEMANTIC_VAD_DEFAULTS = {
     "create_response": True,
     "interrupt_response": True,
 }
-# semantic_vad has no end-of-turn classifier here: eagerness picks a silence duration (ms).
-EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 600, "auto": 600, "high": 300}
+# semantic_vad: at the first END_OF_TURN_CHECK_MS of a pause the end-of-turn model (Smart Turn)
+# decides whether the user has finished; when it says no, the turn ends only after the silence
+# that eagerness sets (ms; OpenAI documents these as semantic_vad's longest waits).
+END_OF_TURN_CHECK_MS = 200
+EAGERNESS_SILENCE_MS = {"low": 8000, "medium": 4000, "auto": 4000, "high": 2000}
 
 DEFAULT_TRANSCRIPTION = {"model": "whisper-tiny.en", "language": None, "prompt": None}
 
@@ -58,8 +61,10 @@ _BETA_FORMATS = {
 }
 
 
-def default_session(session_id, model, instructions, voice):
-    """A new session's configuration (GA ``session`` object shape)."""
+def default_session(session_id, model, instructions, voice, turn_detection="server_vad"):
+    """A new session's configuration (GA ``session`` object shape). ``turn_detection``:
+    "server_vad" or "semantic_vad" (the setting DEFAULT_TURN_DETECTION)."""
+    td = SEMANTIC_VAD_DEFAULTS if turn_detection == "semantic_vad" else SERVER_VAD_DEFAULTS
     return {
         "type": "realtime",
         "object": "realtime.session",
@@ -79,7 +84,7 @@ def default_session(session_id, model, instructions, voice):
                 "format": {"type": "audio/pcm", "rate": PCM_RATE},
                 "transcription": dict(DEFAULT_TRANSCRIPTION),
                 "noise_reduction": None,
-                "turn_detection": dict(SERVER_VAD_DEFAULTS),
+                "turn_detection": dict(td),
             },
             "output": {
                 "format": {"type": "audio/pcm", "rate": PCM_RATE},
@@ -306,7 +311,18 @@ def validate_tools(tools, tool_choice, prefix):
 
 
 def effective_silence_ms(td):
-    """Silence (ms) that ends a turn under ``td`` (server_vad or semantic_vad)."""
+    """Silence (ms) that always ends a turn under ``td`` (server_vad or semantic_vad)."""
     if td["type"] == "semantic_vad":
         return EAGERNESS_SILENCE_MS[td["eagerness"]]
     return td["silence_duration_ms"]
+
+
+def vad_settings(td):
+    """What the VAD stage needs of a session's ``turn_detection`` (None: manual turns); see
+    ``pool.messages.ConfigureInput``."""
+    if td is None:
+        return None
+    return {"threshold": td.get("threshold", SERVER_VAD_DEFAULTS["threshold"]),
+            "prefix_padding_ms": td.get("prefix_padding_ms", SERVER_VAD_DEFAULTS["prefix_padding_ms"]),
+            "silence_ms": effective_silence_ms(td),
+            "check_ms": END_OF_TURN_CHECK_MS if td["type"] == "semantic_vad" else None}

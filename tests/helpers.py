@@ -59,3 +59,54 @@ def user_text(text):
     """A ``conversation.item.create`` event for a user message of text."""
     return {"type": "conversation.item.create", "item": {
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+
+
+def jfk_segment(start_s, end_s):
+    """float32 samples at 24 kHz of jfk.flac between two times (seconds)."""
+    samples = load_audio(JFK)
+    return samples[int(start_s * 24_000):int(end_s * 24_000)]
+
+
+def appends(samples, chunk_ms=40):
+    """``input_audio_buffer.append`` events for float32 samples at 24 kHz."""
+    return [{"type": "input_audio_buffer.append", "audio": base64.b64encode(c).decode()}
+            for c in pcm16_chunks(samples, chunk_ms)]
+
+
+def silence(seconds):
+    return np.zeros(int(seconds * 24_000), np.float32)
+
+
+def check_turns_answered(events, stale_audio_allowed=False):
+    """The turn-taking promises on a list of server events (dicts, in the order received):
+
+    - every committed user item gets its transcription completed (or failed);
+    - the last committed item is followed by a response created after it that completed;
+    - no ``response.output_audio.delta`` of a reply created before the user's latest
+      ``speech_started`` reaches the client (no stale reply talks over the user), unless
+      ``stale_audio_allowed`` (``interrupt_response`` off and speech over a reply already heard).
+
+    Returns ``(committed item ids, {response id: status})``.
+    """
+    types = [e["type"] for e in events]
+    committed = [(i, e["item_id"]) for i, e in enumerate(events) if e["type"] == "input_audio_buffer.committed"]
+    assert committed, f"no turn committed: {types}"
+    finished = {e["item_id"] for e in events if e["type"] in (
+        "conversation.item.input_audio_transcription.completed",
+        "conversation.item.input_audio_transcription.failed")}
+    missing = [item for _, item in committed if item not in finished]
+    assert not missing, f"committed items never transcribed: {missing}"
+    created = {e["response"]["id"]: i for i, e in enumerate(events) if e["type"] == "response.created"}
+    status = {e["response"]["id"]: e["response"]["status"] for e in events if e["type"] == "response.done"}
+    last_commit = committed[-1][0]
+    answers = [rid for rid, i in created.items() if i > last_commit and status.get(rid) == "completed"]
+    assert answers, f"the last turn got no completed reply: {status}, {types[last_commit:]}"
+    latest_speech = -1
+    for i, e in enumerate(events):
+        if e["type"] == "input_audio_buffer.speech_started":
+            latest_speech = i
+        elif e["type"] == "response.output_audio.delta" and not stale_audio_allowed:
+            assert created[e["response_id"]] > latest_speech, (
+                f"audio of {e['response_id']}, created before the speech at event {latest_speech}, "
+                f"reached the client at event {i}")
+    return [item for _, item in committed], status

@@ -10,6 +10,7 @@ from pool.backends.vad import SileroVAD
 from pool.backends.scripted import load_scripted
 from pool.conf import DEFAULTS
 from pool.stages import VADStage
+from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder
 
 from .helpers import JFK, speech_appends
@@ -20,15 +21,15 @@ def backends():
     return load_scripted({**DEFAULTS, "BACKEND": "scripted"})
 
 
-def run_vad(backends, silence_ms, threshold=0.5, path=JFK):
+def run_vad(backends, silence_ms, threshold=0.5, path=JFK, check_ms=None, silence_s=2.0):
     stt_inbox = queue.Queue()
     stage = VADStage(backends, stt_inbox)
     events = []
     ctx = m.SessionContext(events.append)
     stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}),
                                        {"threshold": threshold, "prefix_padding_ms": 300,
-                                        "silence_ms": silence_ms}, "en"))
-    for append in speech_appends(path, silence_s=2.0):
+                                        "silence_ms": silence_ms, "check_ms": check_ms}, "en"))
+    for append in speech_appends(path, silence_s=silence_s):
         stage.handle(ctx, m.AppendInput(append["audio"]))
     transcribe = []
     while not stt_inbox.empty():
@@ -90,3 +91,53 @@ def test_shared_model_keeps_streams_independent(backends):
     for i in range(20):
         a.probability(speech[i * 512:(i + 1) * 512])
     assert b.probability(speech[:512]) == pytest.approx(alone[0], abs=1e-6)
+
+
+def test_semantic_vad_keeps_mid_sentence_pauses_inside_the_turn(backends):
+    """Smart Turn hears that "ask not" and "what your country can do for you" are unfinished,
+    where a 500 ms silence timer cuts them (issue: natural pauses split a sentence)."""
+    server = [e for e in run_vad(backends, silence_ms=500)[0] if isinstance(e, m.InputCommitted)]
+    events, transcribe = run_vad(backends, silence_ms=sc.EAGERNESS_SILENCE_MS["auto"],
+                                 check_ms=sc.END_OF_TURN_CHECK_MS)
+    semantic = [e for e in events if isinstance(e, m.SpeechStopped)]
+    assert len(server) >= 3
+    assert 1 <= len(semantic) <= 2, [e.audio_end_ms for e in semantic]
+    # No turn ends at the pauses after "ask not" (~4.4 s) or "for you" (~7.6 s).
+    assert not any(4000 < e.audio_end_ms < 8000 for e in semantic), [e.audio_end_ms for e in semantic]
+    # The last turn holds "ask what you can do for your country" (to ~10.5 s) in one piece.
+    assert semantic[-1].audio_end_ms > 10_000
+    assert len(transcribe) == len(semantic)
+
+
+def test_semantic_vad_without_an_end_of_turn_model_ends_turns_on_the_fallback_silence(backends):
+    import dataclasses
+
+    silence_only = dataclasses.replace(backends, turn=None)
+    events, _ = run_vad(silence_only, silence_ms=2000, check_ms=sc.END_OF_TURN_CHECK_MS, silence_s=3.0)
+    assert [type(e).__name__ for e in events] == ["SpeechStarted", "SpeechStopped", "InputCommitted"]
+
+
+def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backends):
+    stt_inbox = queue.Queue()
+    stage = VADStage(backends, stt_inbox)
+    events = []
+    ctx = m.SessionContext(events.append)
+    stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}),
+                                       {"threshold": 0.5, "prefix_padding_ms": 300, "silence_ms": 500,
+                                        "check_ms": None}, "en"))
+    peeked = False
+    for append in speech_appends(JFK, silence_s=1.0):
+        stage.handle(ctx, m.AppendInput(append["audio"]))
+        if events and not peeked:  # speech has started: ask for a peek at 500 ms of it
+            stage.handle(ctx, m.PeekInput(events[0].item_id, 500))
+            stage.handle(ctx, m.PeekInput("item_gone", 500))  # an item that is over: ignored
+            peeked = True
+    work = []
+    while not stt_inbox.empty():
+        work.append(stt_inbox.get()[1])
+    peeks = [w for w in work if isinstance(w, m.Peek)]
+    assert len(peeks) == 1 and peeks[0].item_id == events[0].item_id
+    assert 500 <= len(peeks[0].audio) / 16 < 1500  # ms of 16 kHz audio: the speech so far
+    assert isinstance(work[-1], m.Transcribe)  # the turns are still committed as usual
+    # Every request is answered: one for an unknown item hears nothing at once.
+    assert [(e.item_id, e.transcript) for e in events if isinstance(e, m.SpeechPeeked)] == [("item_gone", "")]

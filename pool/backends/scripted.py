@@ -1,7 +1,7 @@
-"""The scripted test backend: real Silero VAD, scripted STT, LLM and TTS.
+"""The scripted test backend: real Silero VAD and Smart Turn, scripted STT, LLM and TTS.
 
 For fast tests where a real model is not the point. Nothing here pretends to be a model: the STT
-returns ``SCRIPT.transcript``, the LLM streams ``SCRIPT.reply`` word by word, and the TTS returns a
+returns ``SCRIPT.transcript`` (or, when it is a callable, ``SCRIPT.transcript(audio)``), the LLM streams ``SCRIPT.reply`` word by word, and the TTS returns a
 tone whose length follows the text. ``SCRIPT.wedge`` (a threading.Event) blocks the LLM stage while
 set, to test drains that never finish; across processes, a user message containing
 ``WEDGE_WORD`` wedges it the same way (for WEDGE_SECONDS). Tests change ``SCRIPT`` and call
@@ -40,9 +40,11 @@ WEDGE_SECONDS = 120.0
 
 
 class ScriptedSTT:
-    def transcribe(self, audio, language=None):
+    def transcribe(self, audio, language=None, prompt=None):
         if SCRIPT.stt_error is not None:
             raise SCRIPT.stt_error
+        if callable(SCRIPT.transcript):
+            return SCRIPT.transcript(audio)
         return SCRIPT.transcript
 
 
@@ -88,7 +90,10 @@ class ScriptedTTS:
 
 
 def load_scripted(config):
-    from ..prepare import default_paths
+    from ..prepare import SMART_TURN_FILE, default_paths, package_dir
+    from .turn import SmartTurn
 
-    vad_path = config["VAD_MODEL"] or default_paths(config["MODEL_CACHE_DIR"])["vad"]
-    return Backends(vad=SileroVAD(vad_path), stt=ScriptedSTT(), llm=ScriptedLLM(), tts=ScriptedTTS())
+    paths = default_paths(config["MODEL_CACHE_DIR"])
+    turn_path = config["TURN_MODEL"] or package_dir("pipecat") / "audio/turn/smart_turn/data" / SMART_TURN_FILE
+    return Backends(vad=SileroVAD(config["VAD_MODEL"] or paths["vad"]), stt=ScriptedSTT(),
+                    llm=ScriptedLLM(), tts=ScriptedTTS(), turn=SmartTurn(turn_path))

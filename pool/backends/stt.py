@@ -15,10 +15,11 @@ class WhisperSTT:
         self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8",
                                   cpu_threads=threads, num_workers=1)
 
-    def transcribe(self, audio, language=None):
-        """Transcript of ``audio`` (float32 mono, 16 kHz). ``language``: ISO code or None."""
+    def transcribe(self, audio, language=None, prompt=None):
+        """Transcript of ``audio`` (float32 mono, 16 kHz). ``language``: ISO code or None;
+        ``prompt``: Whisper's initial prompt (text it expects, spelled as it should write it)."""
         segments, _info = self.model.transcribe(
             audio, language=language, beam_size=1, vad_filter=False,
-            condition_on_previous_text=False, without_timestamps=True,
+            condition_on_previous_text=False, without_timestamps=True, initial_prompt=prompt,
         )
         return " ".join(segment.text.strip() for segment in segments).strip()

@@ -1,0 +1,156 @@
+"""The conversation of one session: its items, in order, and how they read to the LLM.
+
+Items are GA ``realtime.item`` dicts. Keys starting with ``_`` are private bookkeeping (the audio
+length of an assistant item, ``_audio_ms``) and never reach the wire (``public``). Every item dict
+the server makes is built here (``user_audio_item``, ``assistant_message``, ``function_call``).
+"""
+
+import copy
+import json
+
+from pool.ids import new_id
+
+from .errors import ProtocolError
+
+_CONTENT_TYPES = ("input_text", "input_audio", "text", "output_text", "output_audio")
+
+
+def public(item):
+    """An item as sent on the wire (without private bookkeeping keys)."""
+    return {k: copy.deepcopy(v) for k, v in item.items() if not k.startswith("_")}
+
+
+def user_audio_item(item_id):
+    """The user item of a committed audio turn; its transcript comes later."""
+    return {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed",
+            "role": "user", "content": [{"type": "input_audio", "transcript": None}]}
+
+
+def assistant_message(modality):
+    """A new, in-progress assistant message with one content part for ``modality``."""
+    part = {"type": "output_audio", "transcript": ""} if modality == "audio" else {"type": "output_text", "text": ""}
+    return {"id": new_id("item"), "object": "realtime.item", "type": "message",
+            "status": "in_progress", "role": "assistant", "content": [part]}
+
+
+def function_call(call_id, name):
+    return {"id": new_id("item"), "object": "realtime.item", "type": "function_call",
+            "status": "in_progress", "call_id": call_id, "name": name, "arguments": ""}
+
+
+def normalise_item(item):
+    """A client's item (``conversation.item.create``, ``response.input``) checked and completed
+    with ``id``, ``object`` and ``status``. Raises ProtocolError naming the bad field."""
+    kind = item.get("type", "message")
+    item = {**copy.deepcopy(item), "id": item.get("id") or new_id("item"), "object": "realtime.item"}
+    if kind == "message":
+        if item.get("role") not in ("user", "assistant", "system"):
+            raise ProtocolError("invalid_value", "item.role must be user, assistant or system.",
+                                param="item.role")
+        if not isinstance(item.get("content"), list):
+            raise ProtocolError("invalid_type", "item.content must be a list.", param="item.content")
+        for i, part in enumerate(item["content"]):
+            if not isinstance(part, dict) or part.get("type") not in _CONTENT_TYPES:
+                raise ProtocolError("invalid_value", "Unsupported content part.", param=f"item.content[{i}]")
+    elif kind in ("function_call", "function_call_output"):
+        fields = ("call_id", "name", "arguments") if kind == "function_call" else ("call_id", "output")
+        for name in fields:
+            if not isinstance(item.get(name), str):
+                raise ProtocolError("invalid_type", f"item.{name} must be a string.", param=f"item.{name}")
+    else:
+        raise ProtocolError("invalid_value", f"Unsupported item type {str(kind)[:50]!r}.", param="item.type")
+    item["type"] = kind
+    item.setdefault("status", "completed")
+    return item
+
+
+def item_message(item):
+    """A conversation item as a chat-completions message for the LLM (None when it has no text)."""
+    if item["type"] == "function_call":
+        return {"role": "assistant", "content": None, "tool_calls": [{
+            "id": item["call_id"], "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]}}]}
+    if item["type"] == "function_call_output":
+        return {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+    texts = []
+    for part in item.get("content", []):
+        text = part.get("text") if part.get("type") in ("input_text", "text", "output_text") else part.get("transcript")
+        if text:
+            texts.append(text)
+    if not texts:
+        return None
+    return {"role": item["role"], "content": " ".join(texts)}
+
+
+def cut_transcript(text, audio_end_ms, audio_ms):
+    """The part of a spoken ``text`` heard in its first ``audio_end_ms`` of ``audio_ms``
+    (words in proportion to time: the TTS gives no word timings)."""
+    said = text.split()
+    keep = int(len(said) * audio_end_ms / audio_ms) if audio_ms else 0
+    return " ".join(said[:keep])
+
+
+class Conversation:
+    """The items of one session, in conversation order (``items``: id -> item)."""
+
+    def __init__(self):
+        self.items = {}
+
+    def get(self, item_id):
+        """The item; raises ProtocolError ``item_not_found``."""
+        if item_id not in self.items:
+            raise ProtocolError("item_not_found", f"Item with id '{item_id}' not found.", param="item_id")
+        return self.items[item_id]
+
+    def last_id(self):
+        return next(reversed(self.items)) if self.items else None
+
+    def insert(self, item, previous_item_id=None):
+        """Add an item after ``previous_item_id`` (None: at the end; "root": first). Returns the
+        id of the item now before it (None when first)."""
+        ids = list(self.items)
+        if previous_item_id is None:
+            position = len(ids)
+        elif previous_item_id == "root":
+            position = 0
+        else:
+            position = ids.index(previous_item_id) + 1
+        entries = list(self.items.items())
+        entries.insert(position, (item["id"], item))
+        self.items = dict(entries)
+        return ids[position - 1] if position else None
+
+    def delete(self, item_id):
+        self.get(item_id)
+        del self.items[item_id]
+
+    def transcript(self, item_id):
+        """The words of a user audio item so far ("" when none, or when it is gone)."""
+        item = self.items.get(item_id)
+        if item is None or not item.get("content"):
+            return ""
+        return (item["content"][0].get("transcript") or "").strip()
+
+    def has_call(self, call_id):
+        return any(item["type"] == "function_call" and item["call_id"] == call_id
+                   for item in self.items.values())
+
+    def llm_messages(self, instructions, items, truncation, budget):
+        """System instructions and ``items`` (None: the whole conversation) as chat messages.
+
+        With ``truncation`` "auto" only the most recent messages that fit ``budget`` characters
+        of JSON are sent, so a long call keeps a bounded prompt; "disabled" sends all.
+        """
+        items = list(self.items.values()) if items is None else items
+        history = [message for message in map(item_message, items) if message]
+        if truncation != "disabled":
+            kept = []
+            for message in reversed(history):
+                budget -= len(json.dumps(message))
+                if budget < 0 and kept:
+                    break
+                kept.append(message)
+            history = kept[::-1]
+            while history and history[0]["role"] == "tool":  # never a result without its call
+                history.pop(0)
+        return [{"role": "system", "content": instructions}, *history]

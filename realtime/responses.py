@@ -1,0 +1,106 @@
+"""A response: its parameters (``response.create`` overrides over the session) and its output.
+
+The life cycle (created -> output items -> ``response.done``) is driven by
+``realtime.session.RealtimeSession``; when a reply starts is decided by ``realtime.turns``.
+"""
+
+from . import session_config as sc
+from .conversation import normalise_item, public
+from .errors import ProtocolError
+
+_OVERRIDES = {"instructions", "tools", "tool_choice", "output_modalities", "conversation", "input",
+              "metadata", "max_output_tokens", "audio", "modalities", "voice",
+              "output_audio_format", "temperature", "prompt", "tracing"}
+
+
+class Response:
+    """One response in progress. ``job``: its ``pool.messages.ResponseJob``."""
+
+    def __init__(self, response_id, job, conversation, metadata, modality):
+        self.id = response_id
+        self.job = job
+        self.in_conversation = conversation
+        self.metadata = metadata
+        self.modality = modality
+        self.output = []  # output items in order (messages and function calls)
+        self.item = None  # the open assistant message item, created with its first output
+        self.text = []  # its transcript (audio) or text deltas, in order
+        self.audio_ms = 0.0  # audio of the open item sent so far
+        self.truncated_ms = None  # set when the client truncated the open item while it played
+        self.turns = []  # the user turns this reply is the first to see (realtime.turns)
+        self.marks = {}  # time.perf_counter() marks of the turn it answers (turn timings)
+
+    def where(self, item, content=True):
+        """The addressing fields of an output item's events."""
+        fields = {"response_id": self.id, "item_id": item["id"], "output_index": self.output.index(item)}
+        if content:
+            fields["content_index"] = 0
+        return fields
+
+    def body(self, status, status_details=None, usage=None):
+        return {
+            "object": "realtime.response",
+            "id": self.id,
+            "status": status,
+            "status_details": status_details,
+            "output": [public(item) for item in self.output],
+            "conversation_id": "auto" if self.in_conversation else None,
+            "output_modalities": [self.modality],
+            "metadata": self.metadata,
+            "usage": usage,
+        }
+
+
+def response_params(config, overrides, resolve_item, max_tokens_cap):
+    """The effective parameters of a response: ``overrides`` (``response.create``'s ``response``)
+    over the session ``config``. ``resolve_item(item_id)`` finds an ``item_reference``.
+    Raises ProtocolError naming the bad field."""
+    for key in overrides:
+        if key not in _OVERRIDES:
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{key}'.",
+                                param=f"response.{key}")
+    modalities = overrides.get("output_modalities", overrides.get("modalities", config["output_modalities"]))
+    if isinstance(modalities, list) and "audio" in modalities:
+        modalities = ["audio"]
+    if modalities not in (["audio"], ["text"]):
+        raise ProtocolError("invalid_value", 'output_modalities must be ["audio"] or ["text"].',
+                            param="response.output_modalities")
+    instructions = overrides.get("instructions", config["instructions"])
+    if not isinstance(instructions, str) or len(instructions) > sc.MAX_INSTRUCTIONS_CHARS:
+        raise ProtocolError("invalid_value", "instructions must be a string of at most "
+                            f"{sc.MAX_INSTRUCTIONS_CHARS} characters.", param="response.instructions")
+    max_tokens = overrides.get("max_output_tokens", config["max_output_tokens"])
+    sc.validate_max_output_tokens(max_tokens, "response.max_output_tokens")
+    tools = overrides.get("tools", config["tools"])
+    tool_choice = overrides.get("tool_choice", config["tool_choice"])
+    sc.validate_tools(tools, tool_choice, "response")
+    conversation = overrides.get("conversation", "auto")
+    if conversation not in ("auto", "none"):
+        raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'.",
+                            param="response.conversation")
+    metadata = overrides.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ProtocolError("invalid_type", "metadata must be an object.", param="response.metadata")
+    input_items = overrides.get("input")
+    if input_items is not None:
+        if not isinstance(input_items, list):
+            raise ProtocolError("invalid_type", "input must be a list of items.", param="response.input")
+        input_items = [_input_item(entry, i, resolve_item) for i, entry in enumerate(input_items)]
+    return {
+        "modality": modalities[0],
+        "instructions": instructions,
+        "max_tokens": max_tokens_cap if max_tokens == "inf" else min(max_tokens, max_tokens_cap),
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "conversation": conversation == "auto",
+        "metadata": metadata,
+        "input": input_items,
+    }
+
+
+def _input_item(entry, index, resolve_item):
+    if isinstance(entry, dict) and entry.get("type") == "item_reference":
+        return resolve_item(entry.get("id"))
+    if not isinstance(entry, dict):
+        raise ProtocolError("invalid_type", "input entries must be objects.", param=f"response.input[{index}]")
+    return normalise_item(entry)

@@ -1,0 +1,275 @@
+"""Turn-taking: when user speech is a turn, when it interrupts the assistant, when a reply starts.
+
+``TurnTaking.maybe_respond`` is the one place that decides to start, queue or drop a reply of a
+server-VAD session (``server_vad`` or ``semantic_vad`` with ``create_response``). The rules, also
+in docs/PROTOCOL.md ("Turn-taking"):
+
+- A reply starts only while the user is silent: no speech in progress or undecided, every
+  committed turn transcribed, and every audio append the client sent heard by the VAD. It is built from every user turn committed before it starts.
+- A turn committed while a reply is active is answered once that reply ends (queued, not lost).
+- Speech that starts while a reply is active but has sent nothing yet makes that reply stale: it
+  is cancelled at once (``turn_detected``), whatever ``interrupt_response`` says. The user has
+  heard nothing of it and is still on their turn: that is not an interruption. Their turns are
+  answered by the next reply.
+- Speech that starts while the assistant is speaking (its reply has sent audio, or the audio sent
+  is still playing on the client at real-time pace) is *undecided*: its events, and the reply's
+  next events, are held back. A peek (a transcript of the speech so far, with the backchannels
+  as the STT's prompt) at each ``INTERRUPT_MIN_SPEECH_MS`` of voiced speech judges it: the first
+  that hears words other than backchannels makes it a turn, whose events then go out as they
+  happened and which, with ``interrupt_response``, cancels the reply. Speech that ends before
+  any peek hears such words - a backchannel ("mm-hmm", "yeah"), a cough, noise - is dropped
+  without a trace and the reply goes on. Clients stop their playback at ``speech_started``, so
+  it must not be sent for a backchannel.
+- ``semantic_vad``: a turn whose transcript ends on a word that cannot end a sentence ("for",
+  "and", "the") is not answered before the eagerness fallback silence, unless the user goes on.
+"""
+
+import asyncio
+import logging
+import re
+import time
+
+from pool import messages as m
+
+log = logging.getLogger(__name__)
+
+INPUT_POLL_SECONDS = 0.01  # how often a reply waiting for the VAD to catch up looks again
+PEEK_LIMIT_MS = 3000  # longer speech is judged by its whole transcript
+# Words after which an English sentence is not finished (semantic_vad holds the reply).
+UNFINISHED_WORDS = frozenset(
+    "a an the and or but so because for of to with in on at from by about into my your our their "
+    "his her its this that these those than if when while as is are was were am be like".split())
+_JOIN = re.compile(r"[-'\u2019]")  # "mm-hmm" -> "mmhmm", "don't" -> "dont"
+# A hum however the STT spells it ("mm-hmm", "mm-huh", "uh-huh", "hmm", "mhm", "mm-hums"): m, h,
+# n and u, and perhaps a plural s.
+_HUM = re.compile(r"^[mhnu]*[mh][mhnu]*s?$")
+_NON_LETTER = re.compile(r"[^a-z]+")
+_OUTPUT = (m.ResponseText, m.ResponseAudio, m.ResponseFunctionCall, m.ResponseFinished)
+
+
+def words(transcript):
+    """Lower-case words of a transcript, letters only (hyphens and apostrophes joined)."""
+    return _NON_LETTER.sub(" ", _JOIN.sub("", transcript.lower())).split()
+
+
+def interrupts(peeked, backchannel_words):
+    """True when a peek at speech over the assistant heard words other than backchannels:
+    ``backchannel_words`` and hums however spelled. The peek's last word may be cut off
+    ("Yeah, f-") and is then not counted."""
+    said = words(peeked)
+    if peeked.rstrip().endswith(("-", "...", "\u2026")):
+        said = said[:-1]
+    return bool(said) and not all(w in backchannel_words or _HUM.match(w) for w in said)
+
+
+class _Undecided:
+    """Speech over the assistant, not yet known to be a turn: its held pipeline events."""
+
+    def __init__(self, started):
+        self.started = started  # the SpeechStarted event
+        self.held = []
+        self.peeks = 0  # peeks asked for
+        self.peek_pending = False
+        self.ended = False  # its transcript (or its failure) is among the held events
+
+
+class TurnTaking:
+    """The turn state of one session. ``session``: the RealtimeSession (``config``, ``response``,
+    ``conversation``, ``send``, ``create_response``, ``cancel_response``, ``submit``,
+    ``handle_pipeline_event``); ``min_speech_ms``: INTERRUPT_MIN_SPEECH_MS (0: any speech
+    interrupts at once, as on OpenAI's service); ``backchannel_words``: BACKCHANNEL_WORDS;
+    ``backchannel_prompt``: BACKCHANNEL_PROMPT, the STT prompt of peeks.
+    """
+
+    def __init__(self, session, min_speech_ms, backchannel_words, backchannel_prompt=None):
+        self._s = session
+        self._min_speech_ms = min_speech_ms
+        self._backchannels = frozenset(backchannel_words)
+        self._prompt = backchannel_prompt
+        self.speaking = None  # item id of the user's speech in progress
+        self.undecided = {}  # item id -> _Undecided, oldest first
+        self._held_output = []  # the reply's events held while speech is undecided
+        self.untranscribed = set()  # committed items whose transcript is not back yet
+        self.unanswered = []  # committed user items that no reply has seen yet
+        self.playback_end = 0.0  # time.monotonic() when the client will have played the audio sent
+        self._speech_end = 0.0  # time.monotonic() of the last speech_stopped
+        self._timer = None
+        self.backchannels = 0  # utterances dropped as backchannels or noise, this session
+
+    # --- routing ------------------------------------------------------------------------------
+
+    def intercept(self, event):
+        """True when a pipeline event is held or consumed here and the session must skip it."""
+        undecided = self.undecided.get(getattr(event, "item_id", None))
+        if undecided is not None:
+            self._undecided_event(undecided, event)
+            return True
+        if self.undecided and isinstance(event, _OUTPUT):
+            self._held_output.append(event)
+            return True
+        return isinstance(event, m.SpeechPeeked)  # a peek at speech already decided
+
+    # --- user speech --------------------------------------------------------------------------
+
+    def speech_started(self, event):
+        if self._min_speech_ms and self._assistant_speaking():
+            undecided = self.undecided[event.item_id] = _Undecided(event)
+            self._ask_peek(undecided)
+            return
+        self._begin(event)
+
+    def speech_stopped(self):
+        self._speech_end = time.monotonic()
+
+    def committed(self, item_id):
+        if self.speaking == item_id:
+            self.speaking = None
+        self.untranscribed.add(item_id)
+        self.unanswered.append(item_id)
+        self.maybe_respond()
+
+    def transcribed(self, item_id):
+        """The item's transcript (or its failure) is in."""
+        self.untranscribed.discard(item_id)
+        self.maybe_respond()
+
+    def input_reset(self):
+        """The input buffer was cleared, or turn detection switched off: no speech goes on."""
+        self.speaking = None
+        self.undecided.clear()
+        self._settle()
+
+    def _begin(self, event):
+        self.speaking = event.item_id
+        self._cancel_timer()
+        self._s.send("input_audio_buffer.speech_started", audio_start_ms=event.audio_start_ms,
+                     item_id=event.item_id)
+        td = self._s.config["audio"]["input"]["turn_detection"]
+        response = self._s.response
+        if response is not None and (not response.output or (td and td.get("interrupt_response"))):
+            self._s.cancel_response("turn_detected")
+
+    def _assistant_speaking(self):
+        response = self._s.response
+        return (response is not None and response.audio_ms > 0) or time.monotonic() < self.playback_end
+
+    # --- speech over the assistant ------------------------------------------------------------
+
+    def _ask_peek(self, undecided):
+        undecided.peeks += 1
+        undecided.peek_pending = True
+        self._s.submit(m.PeekInput(undecided.started.item_id, undecided.peeks * self._min_speech_ms,
+                                   self._prompt))
+
+    def _undecided_event(self, undecided, event):
+        """Speech over the assistant is judged by peeks, one at each INTERRUPT_MIN_SPEECH_MS of
+        voiced speech: the first that hears words other than backchannels makes it a turn. If
+        it ends with none, it was a backchannel or noise."""
+        if isinstance(event, m.SpeechPeeked):
+            undecided.peek_pending = False
+            log.info("session %s: speech over the assistant, %d ms voiced, heard %r", self._s.id,
+                     event.voiced_ms, event.transcript)
+            if interrupts(event.transcript, self._backchannels):
+                self._confirm(undecided)
+            elif undecided.ended:
+                self._drop(undecided)
+            elif event.voiced_ms and event.voiced_ms < PEEK_LIMIT_MS:
+                self._ask_peek(undecided)  # still speaking: listen to the next stretch
+            return
+        undecided.held.append(event)
+        if isinstance(event, (m.Transcribed, m.TranscriptionFailed)):
+            undecided.ended = True
+            if not undecided.peek_pending:
+                self._drop(undecided)
+
+    def _confirm(self, undecided):
+        """A real turn: its events go out as they happened; it interrupts as any speech does."""
+        del self.undecided[undecided.started.item_id]
+        self._begin(undecided.started)
+        for event in undecided.held:
+            self._s.handle_pipeline_event(event)
+        self._settle()
+
+    def _drop(self, undecided):
+        """A backchannel or noise: no event, no item, no turn; the reply goes on."""
+        del self.undecided[undecided.started.item_id]
+        self.backchannels += 1
+        self._settle()
+        self.maybe_respond()
+
+    def _settle(self):
+        """Undecided speech that no longer overlaps the assistant is ordinary speech; with none
+        left undecided, the held reply events go out in order."""
+        while self.undecided and not self._assistant_speaking():
+            self._confirm(next(iter(self.undecided.values())))
+        if not self.undecided:
+            held, self._held_output = self._held_output, []
+            for event in held:
+                self._s.handle_pipeline_event(event)
+
+    # --- the assistant ------------------------------------------------------------------------
+
+    def audio_sent(self, audio_ms):
+        """The client got ``audio_ms`` more of the reply; it plays it at real-time pace."""
+        self.playback_end = max(self.playback_end, time.monotonic()) + audio_ms / 1000
+
+    def response_truncated(self):
+        """The client cut the reply it was playing (``conversation.item.truncate``)."""
+        self.playback_end = time.monotonic()
+
+    def response_created(self, response):
+        """Every committed turn so far is in this reply's input."""
+        response.turns, self.unanswered = self.unanswered, []
+
+    def response_ended(self, response, status, reason=None):
+        """``status``: the response.done status; ``reason``: a cancellation's reason."""
+        if status == "cancelled":
+            self.playback_end = time.monotonic()  # the client stops playing what it had
+        if reason == "turn_detected":
+            self.unanswered = response.turns + self.unanswered  # answered by the next reply
+        self._settle()
+        self.maybe_respond()
+
+    # --- the decision -------------------------------------------------------------------------
+
+    def maybe_respond(self):
+        """Start a reply now, or leave it for later (queued), or drop it (nothing to answer)."""
+        self._cancel_timer()
+        config = self._s.config
+        td = config["audio"]["input"]["turn_detection"]
+        if not (td and td.get("create_response") and config["type"] == "realtime"):
+            self.unanswered = []
+            return
+        if self._s.response is not None or self.speaking or self.undecided or self.untranscribed:
+            return  # decided again when the reply ends, the speech ends or the transcript is in
+        if self._s.input_pending():  # audio sent but not yet heard may hold more of the turn
+            self._timer = asyncio.get_running_loop().call_later(INPUT_POLL_SECONDS, self.maybe_respond)
+            return
+        said = [item_id for item_id in self.unanswered if self._s.conversation.transcript(item_id)]
+        if not said:
+            self.unanswered = []  # silence or noise transcribed as nothing: no reply
+            return
+        wait = self._unfinished_wait(td, said[-1])
+        if wait > 0:
+            self._timer = asyncio.get_running_loop().call_later(wait, self.maybe_respond)
+            return
+        self._s.create_response({})
+
+    def _unfinished_wait(self, td, item_id):
+        """semantic_vad: seconds to wait before answering a turn that ends mid-sentence."""
+        if td["type"] != "semantic_vad":
+            return 0.0
+        said = words(self._s.conversation.transcript(item_id))
+        if not said or said[-1] not in UNFINISHED_WORDS:
+            return 0.0
+        from .session_config import effective_silence_ms
+
+        return effective_silence_ms(td) / 1000 - (time.monotonic() - self._speech_end)
+
+    def _cancel_timer(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close(self):
+        self._cancel_timer()
