@@ -42,7 +42,8 @@ function sessionSettings() {
   return {
     type: 'realtime',
     instructions: $('instructions').value,
-    audio: { output: { voice: $('voice').value } },
+    // The end-of-turn model decides when you have finished, not a fixed silence.
+    audio: { input: { turn_detection: { type: 'semantic_vad' } }, output: { voice: $('voice').value } },
   };
 }
 

@@ -1,0 +1,152 @@
+"""Turn-taking end to end: the real default models behind a live Daphne server (``runpool``),
+driven by the official ``openai`` SDK with real recordings, with the default session unless a
+test says otherwise (and then the default is tested beside it)."""
+
+import asyncio
+import base64
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import soundfile
+
+from realtime.audio import PCM_RATE
+from realtime.client import CHUNK_MS, pcm16_chunks, talk
+
+from .helpers import JFK, JFK_WORDS, check_turns_answered, normalise
+from .live import ROOT
+from .test_e2e import _wait_idle
+
+pytestmark = pytest.mark.e2e
+
+
+async def converse(server, **kwargs):
+    """``talk()`` with every server event kept as a dict; returns (result, events)."""
+    events = []
+    await _wait_idle(server.port)
+    result = await talk(server.base_url, JFK, on_event=lambda e: events.append(e.to_dict()),
+                        timeout_s=240, **kwargs)
+    return result, events
+
+
+@pytest.mark.parametrize("session", [
+    {"type": "realtime"},
+    {"type": "realtime", "audio": {"input": {"turn_detection": {"interrupt_response": False}}}},
+], ids=["default", "interrupt_response_off"])
+async def test_jfk_in_real_time_every_turn_is_answered_and_no_reply_talks_over_the_user(server, session):
+    result, events = await converse(server, session=session)
+    committed, status = check_turns_answered(events)
+    assert len(committed) >= 2  # server_vad's 500 ms cuts the sentence at its pauses
+    assert JFK_WORDS in normalise(result.user_transcript)
+    assert result.status == "completed" and len(result.audio) >= 0.5 * PCM_RATE * 2
+    cancelled = [e["response"]["status_details"]["reason"] for e in events
+                 if e["type"] == "response.done" and e["response"]["status"] == "cancelled"]
+    assert set(cancelled) <= {"turn_detected"}
+
+
+async def test_jfk_in_one_append_is_answered_once_all_of_it_is_heard(server):
+    result, events = await converse(server, session={"type": "realtime"}, chunk_ms=None)
+    committed, status = check_turns_answered(events)
+    assert len(committed) >= 2
+    assert list(status.values()) == ["completed"]  # one reply, to every turn of the append
+    assert JFK_WORDS in normalise(result.user_transcript)
+
+
+async def test_semantic_vad_keeps_the_sentence_whole_and_answers_it(server):
+    result, events = await converse(server, session={
+        "type": "realtime", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}})
+    committed, status = check_turns_answered(events)
+    assert 1 <= len(committed) <= 2
+    ends = [e["audio_end_ms"] for e in events if e["type"] == "input_audio_buffer.speech_stopped"]
+    # Not cut at the pauses after "ask not" (~4.4 s) or "for you" (~7.6 s), as server_vad cuts it.
+    assert not any(4000 < end < 8000 for end in ends), ends
+    assert JFK_WORDS in normalise(result.user_transcript)
+    assert result.status == "completed"
+
+
+@pytest.fixture(scope="module")
+def speak():
+    """Speech synthesised by the project's own TTS in another voice than the assistant's:
+    ``speak(text)`` -> float32 samples at 24 kHz."""
+    from pool.backends.tts import KokoroTTS
+    from pool.conf import get_config
+    from pool.prepare import default_paths
+
+    paths = default_paths(get_config()["MODEL_CACHE_DIR"])
+    tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], threads=1)
+    return lambda text: tts.synthesize(text, "bf_emma")
+
+
+async def test_backchannels_leave_the_reply_alone_and_a_real_interruption_cancels_it(server, speak):
+    from openai import AsyncOpenAI
+
+    quiet = np.zeros(PCM_RATE, np.float32)
+    backchannels = [np.concatenate([speak("Mm-hmm."), quiet]), np.concatenate([speak("Yeah."), quiet])]
+    interruption = np.concatenate([speak("Wait, stop, tell me a joke instead."), quiet, quiet])
+    await _wait_idle(server.port)
+    client = AsyncOpenAI(api_key="local", websocket_base_url=server.base_url)
+    events = []
+
+    async def say(samples):
+        for chunk in pcm16_chunks(samples):
+            await conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
+            await asyncio.sleep(CHUNK_MS / 1000)
+
+    async def until(kind, timeout=120):
+        while True:
+            event = await asyncio.wait_for(conn.recv(), timeout)
+            events.append(event.to_dict())
+            if event.type == kind:
+                return event
+
+    async with client.realtime.connect(model="s2s-default") as conn:
+        await conn.session.update(session={"type": "realtime", "instructions": (
+            "You are a storyteller. Tell a long story of at least ten sentences.")})
+        await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": "Tell me a long story about a lighthouse keeper."}]})
+        await conn.response.create()
+        story = (await until("response.created")).response.id
+        await until("response.output_audio.delta")
+        listening = len(events)
+        for backchannel in backchannels:  # said while the story is being told
+            sender = asyncio.create_task(say(backchannel))
+            while not sender.done():
+                try:
+                    events.append((await asyncio.wait_for(conn.recv(), 0.2)).to_dict())
+                except asyncio.TimeoutError:
+                    pass
+        during = [e["type"] for e in events[listening:]]
+        assert "input_audio_buffer.speech_started" not in during, during
+        assert "response.created" not in during and "input_audio_buffer.committed" not in during
+        assert "response.done" not in during, "the story ended before the interruption: make it longer"
+        sender = asyncio.create_task(say(interruption))
+        done = await until("response.done")
+        assert done.response.id == story
+        assert done.response.status == "cancelled"
+        assert done.response.status_details.reason == "turn_detected"
+        await sender
+        transcript = await until("conversation.item.input_audio_transcription.completed")
+        assert "joke" in normalise(transcript.transcript)
+        answer = await until("response.done")
+        assert answer.response.status == "completed"
+    spoken = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert len(spoken) == 1  # the backchannels made no items
+
+
+def test_manage_py_talk_follows_the_readme_example_to_a_spoken_answer(server, tmp_path):
+    """The README's example, as a user runs it: ``manage.py talk ../shared/audio/jfk.flac``."""
+    asyncio.run(_wait_idle(server.port))
+    out = tmp_path / "reply.wav"
+    run = subprocess.run([sys.executable, "manage.py", "talk", str(JFK), "--url", server.base_url,
+                          "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.strip().splitlines()
+    assert any(line.startswith("you:") for line in lines) and any(line.startswith("assistant:") for line in lines)
+    assert JFK_WORDS in normalise(" ".join(line[4:] for line in lines if line.startswith("you:")))
+    last = lines[-1]
+    assert last.startswith("reply:") and last.endswith("(status completed)"), lines
+    seconds = float(last.split()[1])
+    assert seconds >= 0.5
+    audio, rate = soundfile.read(out)
+    assert rate == PCM_RATE and abs(len(audio) / rate - seconds) < 0.1
