@@ -89,3 +89,17 @@ def turns(conversation):
                            "committed": ms(committed[item]), "transcript": ms(transcribed[item]),
                            "response_created": ms(t_created), "first_audio": ms(first_audio[response_id])})
     return result
+
+
+def last_turn_answered(conversation):
+    """True when the conversation's last committed user turn is followed by a response created
+    after it that completed."""
+    last_commit, created, completed = None, {}, set()
+    for i, (_, event) in enumerate(conversation["events"]):
+        if event["type"] == "input_audio_buffer.committed":
+            last_commit = i
+        elif event["type"] == "response.created":
+            created[event["response"]["id"]] = i
+        elif event["type"] == "response.done" and event["response"]["status"] == "completed":
+            completed.add(event["response"]["id"])
+    return last_commit is not None and any(i > last_commit and rid in completed for rid, i in created.items())

@@ -1,12 +1,14 @@
-"""Turn latency breakdown: real recordings streamed in real time to the real server.
+"""Turn latency breakdown and answered turns: real recordings streamed in real time to the real
+server, with the default session (barge-in on) for each turn detection type.
 
-    python -m bench.turn_latency [--runs 3] [--silence-ms 500] [--threads '{"llm": 2, "tts": 2}']
+    python -m bench.turn_latency [--runs 3] [--turn-detection server_vad,semantic_vad]
+                                 [--threads '{"llm": 2, "tts": 2}']
 
 For each completed response: milliseconds from the end of the user's speech to speech_stopped,
 committed, the transcript, response.created, the first LLM text and phrase, the first TTS audio
 and the first response.output_audio.delta received by the client; and the overhead: first audio
-minus the configured silence minus the stages' own compute (STT, LLM up to the first phrase, TTS
-of the first phrase).
+minus the commit minus the stages' own compute (STT, LLM up to the first phrase, TTS of the first
+phrase). Per conversation: whether its last user turn got a completed reply ("answered turns").
 """
 
 import argparse
@@ -14,16 +16,23 @@ import asyncio
 import json
 
 from .common import RECORDINGS, emit, start_server, stats, turn_timings
-from .driver import converse, turns
+from .driver import converse, last_turn_answered, turns
+
+SILENCE_MS = 500  # server_vad's default silence_duration_ms
+# semantic_vad waits up to 4 s (eagerness auto) when the end-of-turn model says "unfinished".
+TRAILING_SILENCE_S = {"server_vad": 3.0, "semantic_vad": 5.0}
 
 
-def measure(server, recordings, runs, silence_ms):
-    session = {"audio": {"input": {"turn_detection": {"silence_duration_ms": silence_ms,
-                                                      "interrupt_response": False}}}}
-    rows = []
+def measure(server, recordings, runs, turn_detection="server_vad"):
+    """Returns ``(rows, answered)``: one row per completed response, and one bool per
+    conversation (its last turn was answered by a completed reply)."""
+    session = {"audio": {"input": {"turn_detection": {"type": turn_detection}}}}
+    rows, answered = [], []
     for _ in range(runs):
         for name, path in recordings.items():
-            conversation = asyncio.run(converse(f"{server.base_url}/realtime", path, session))
+            conversation = asyncio.run(converse(f"{server.base_url}/realtime", path, session,
+                                                trailing_silence_s=TRAILING_SILENCE_S[turn_detection]))
+            answered.append(last_turn_answered(conversation))
             for turn in turns(conversation):
                 rows.append({"recording": name, **turn})
     server_side = turn_timings(server.log)
@@ -38,38 +47,42 @@ def measure(server, recordings, runs, silence_ms):
         row["llm_first_phrase_compute"] = round(llm_compute, 1)
         row["tts_first_compute"] = marks.get("tts_first_compute_ms")
         compute = (row["stt_compute"] or 0) + llm_compute + (row["tts_first_compute"] or 0)
-        row["overhead"] = round(row["first_audio"] - silence_ms - compute, 1)
-    return rows
+        row["overhead"] = round(row["first_audio"] - row["committed"] - compute, 1)
+    return rows, answered
 
 
-def summary(rows, silence_ms):
+def summary(rows, answered, turn_detection="server_vad"):
     keys = ["speech_stopped", "committed", "transcript", "response_created", "llm_first_text",
             "llm_first_phrase", "tts_first_audio", "first_audio", "stt_compute", "llm_first_phrase_compute",
             "tts_first_compute", "overhead"]
     table = {key: stats([r[key] for r in rows if r.get(key) is not None]) for key in keys}
     first_audio_p50 = table["first_audio"]["p50"] if table["first_audio"] else None
-    return {"silence_ms": silence_ms, "turns": len(rows), "ms_from_end_of_speech": table,
+    return {"turn_detection": turn_detection, "turns": len(rows),
+            "answered_turns": f"{sum(answered)}/{len(answered)}", "ms_from_end_of_speech": table,
             "targets": {"overhead_p50_under_20ms": bool(table["overhead"] and table["overhead"]["p50"] < 20),
-                        "first_audio_p50_within_silence_plus_1500ms":
-                            bool(first_audio_p50 is not None and first_audio_p50 <= silence_ms + 1500)}}
+                        "first_audio_p50_within_silence_plus_350ms":
+                            bool(first_audio_p50 is not None and first_audio_p50 <= SILENCE_MS + 350),
+                        "every_last_turn_answered": all(answered)}}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--silence-ms", type=int, default=500)
+    parser.add_argument("--turn-detection", default="server_vad,semantic_vad")
     parser.add_argument("--threads", type=json.loads, default=None, help="S2S THREADS override, JSON")
     parser.add_argument("--recordings", default=",".join(RECORDINGS))
     args = parser.parse_args(argv)
     settings = {"THREADS": args.threads} if args.threads else {}
     server = start_server(1, settings)
+    results = []
     try:
         recordings = {name: RECORDINGS[name] for name in args.recordings.split(",")}
-        rows = measure(server, recordings, args.runs, args.silence_ms)
+        for turn_detection in args.turn_detection.split(","):
+            rows, answered = measure(server, recordings, args.runs, turn_detection)
+            results.append({**summary(rows, answered, turn_detection), "rows": rows})
     finally:
         server.stop()
-    emit("turn_latency", {"threads": args.threads or "default", **summary(rows, args.silence_ms),
-                          "rows": rows})
+    emit("turn_latency", {"threads": args.threads or "default", "results": results})
 
 
 if __name__ == "__main__":
