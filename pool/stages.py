@@ -196,7 +196,9 @@ class VADStage:
             return
         if self._peek is not None:  # it ended before it was voiced enough to be peeked at
             ctx.emit(m.SpeechPeeked(item_id, "", _ms(self._voiced * WINDOW_SAMPLES)))
-        self._last = (item_id, audio, self._voiced * WINDOW_SAMPLES)
+        # Kept for a peek asked for after the speech ended (server VAD turns only: a manual
+        # buffer may hold minutes of audio).
+        self._last = (item_id, audio, self._voiced * WINDOW_SAMPLES) if self.turn_detection else None
         self._buffer, self._pending, self._speech_item = [], self._pending[:0], None
         self._prefix.clear()
         self._peek, self._asked, self._voiced = None, False, 0

@@ -14,10 +14,12 @@ _OVERRIDES = {"instructions", "tools", "tool_choice", "output_modalities", "conv
 
 
 class Response:
-    """One response in progress. ``job``: its ``pool.messages.ResponseJob``."""
+    """One response in progress. ``job``: its ``pool.messages.ResponseJob``; ``automatic``:
+    started by turn detection for a user turn, not by the client's ``response.create``."""
 
-    def __init__(self, response_id, job, conversation, metadata, modality):
+    def __init__(self, response_id, job, conversation, metadata, modality, automatic=False):
         self.id = response_id
+        self.automatic = automatic
         self.job = job
         self.in_conversation = conversation
         self.metadata = metadata

@@ -223,8 +223,9 @@ class RealtimeSession:
 
     # --- responses -------------------------------------------------------------------------
 
-    def create_response(self, overrides, event_id=None):
-        """Start a response (``response.create`` or a server-VAD turn). Raises ProtocolError."""
+    def create_response(self, overrides, event_id=None, automatic=False):
+        """Start a response: the client's ``response.create``, or (``automatic``) the reply to
+        a server-VAD turn. Raises ProtocolError."""
         if self.response is not None:
             raise ProtocolError(
                 "conversation_already_has_active_response",
@@ -239,7 +240,7 @@ class RealtimeSession:
         job = m.ResponseJob(response_id, request, params["modality"], audio_out["voice"],
                             audio_out["speed"], OutputAudioEncoder(audio_out["format"]))
         response = Response(response_id, job, params["conversation"], params["metadata"],
-                            params["modality"])
+                            params["modality"], automatic)
         if not self._port.submit(job):
             raise ProtocolError("server_busy", "The unit cannot take another response now.",
                                 type="server_error", event_id=event_id)

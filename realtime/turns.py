@@ -7,10 +7,10 @@ in docs/PROTOCOL.md ("Turn-taking"):
 - A reply starts only while the user is silent: no speech in progress or undecided, every
   committed turn transcribed, and every audio append the client sent heard by the VAD. It is built from every user turn committed before it starts.
 - A turn committed while a reply is active is answered once that reply ends (queued, not lost).
-- Speech that starts while a reply is active but has sent nothing yet makes that reply stale: it
-  is cancelled at once (``turn_detected``), whatever ``interrupt_response`` says. The user has
-  heard nothing of it and is still on their turn: that is not an interruption. Their turns are
-  answered by the next reply.
+- Speech that starts while an automatic reply (one started here, for a turn) has sent nothing
+  yet makes that reply stale: it is cancelled at once (``turn_detected``), whatever
+  ``interrupt_response`` says. The user has heard nothing of it and is still on their turn: that
+  is not an interruption. Their turns are answered by the next reply.
 - Speech that starts while the assistant is speaking (its reply has sent audio, or the audio sent
   is still playing on the client at real-time pace) is *undecided*: its events, and the reply's
   next events, are held back. A peek (a transcript of the speech so far, with the backchannels
@@ -146,7 +146,8 @@ class TurnTaking:
                      item_id=event.item_id)
         td = self._s.config["audio"]["input"]["turn_detection"]
         response = self._s.response
-        if response is not None and (not response.output or (td and td.get("interrupt_response"))):
+        stale = response is not None and response.automatic and not response.output
+        if response is not None and (stale or (td and td.get("interrupt_response"))):
             self._s.cancel_response("turn_detected")
 
     def _assistant_speaking(self):
@@ -253,7 +254,7 @@ class TurnTaking:
         if wait > 0:
             self._timer = asyncio.get_running_loop().call_later(wait, self.maybe_respond)
             return
-        self._s.create_response({})
+        self._s.create_response({}, automatic=True)
 
     def _unfinished_wait(self, td, item_id):
         """semantic_vad: seconds to wait before answering a turn that ends mid-sentence."""

@@ -134,6 +134,24 @@ async def test_a_turn_committed_during_a_reply_is_answered_after_it(connect):
     await client.ws.disconnect()
 
 
+async def test_speech_never_cancels_the_clients_own_response_with_interrupt_response_off(connect):
+    """The stale-reply rule is for replies the server started for a turn: a response the client
+    asked for is not cancelled by speech when interrupt_response is off, even before its first
+    word, and the turn spoken meanwhile is answered after it."""
+    SCRIPT.transcript = by_length
+    SCRIPT.token_delay = 0.5  # nothing is said for about 2 s
+    client = await session(connect, interrupt_response=False)
+    await ask_by_text(client)
+    await client.until("response.created")
+    await stream(client, jfk_segment(*LONG), realtime=False)
+    await stream(client, silence(1.0), realtime=False)
+    first = await client.until("response.done", timeout=30)
+    second = await client.until("response.done", timeout=30)
+    assert first["response"]["status"] == second["response"]["status"] == "completed"
+    assert user_messages(SCRIPT.requests[-1])[-1] == "Wait, stop, tell me a joke instead."
+    await client.ws.disconnect()
+
+
 async def test_a_backchannel_neither_interrupts_nor_starts_a_turn_and_a_real_interruption_does(connect):
     """Default settings. While the reply plays, a short "mm-hmm" leaves it alone: no
     speech_started (clients stop their playback on it), no item, no reply. Then "Wait, stop,
