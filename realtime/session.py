@@ -11,6 +11,7 @@ reply starts in ``realtime.turns``. A response ends in one place, ``_end_respons
 """
 
 import copy
+import functools
 import json
 import logging
 import re
@@ -34,9 +35,10 @@ log = logging.getLogger(__name__)
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
 
-def _pipeline_handler_name(event):
-    """``SpeechStarted`` -> ``_on_speech_started``."""
-    return "_on_" + _CAMEL.sub("_", type(event).__name__).lower()
+@functools.cache
+def _pipeline_handler_name(event_type):
+    """``SpeechStarted`` -> ``_on_speech_started`` (cached: audio events are frequent)."""
+    return "_on_" + _CAMEL.sub("_", event_type.__name__).lower()
 
 
 class RealtimeSession:
@@ -321,7 +323,7 @@ class RealtimeSession:
         hold it back (speech not yet known to be a turn) and hand it back later."""
         if self.turns.intercept(event):
             return
-        handler = getattr(self, _pipeline_handler_name(event), None)
+        handler = getattr(self, _pipeline_handler_name(type(event)), None)
         if handler:
             try:
                 handler(event)
