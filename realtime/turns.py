@@ -31,6 +31,8 @@ import time
 
 from pool import messages as m
 
+from .session_config import effective_silence_ms
+
 log = logging.getLogger(__name__)
 
 INPUT_POLL_SECONDS = 0.01  # how often a reply waiting for the VAD to catch up looks again
@@ -94,7 +96,6 @@ class TurnTaking:
         self.playback_end = 0.0  # time.monotonic() when the client will have played the audio sent
         self._speech_end = 0.0  # time.monotonic() of the last speech_stopped
         self._timer = None
-        self.backchannels = 0  # utterances dropped as backchannels or noise, this session
 
     # --- routing ------------------------------------------------------------------------------
 
@@ -194,7 +195,6 @@ class TurnTaking:
     def _drop(self, undecided):
         """A backchannel or noise: no event, no item, no turn; the reply goes on."""
         del self.undecided[undecided.started.item_id]
-        self.backchannels += 1
         self._settle()
         self.maybe_respond()
 
@@ -263,8 +263,6 @@ class TurnTaking:
         said = words(self._s.conversation.transcript(item_id))
         if not said or said[-1] not in UNFINISHED_WORDS:
             return 0.0
-        from .session_config import effective_silence_ms
-
         return effective_silence_ms(td) / 1000 - (time.monotonic() - self._speech_end)
 
     def _cancel_timer(self):

@@ -3,7 +3,8 @@
 import threading
 
 import numpy as np
-import onnxruntime as ort
+
+from .onnx import cpu_session
 
 # OpenAI voice names -> Kokoro v1.0 voices shipped in pool/data/voices. A client that asks for any
 # of these hears a real voice; an unknown name falls back to DEFAULT_VOICE (never silence).
@@ -41,10 +42,7 @@ class KokoroTTS:
     def __init__(self, model_path, voices_path, threads=2):
         from kokoro_onnx import Kokoro
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        session = cpu_session(model_path, threads)
         self.kokoro = Kokoro.from_session(session, str(voices_path))
         self.voices = frozenset(self.kokoro.get_voices())
         self._phonemize_lock = threading.Lock()

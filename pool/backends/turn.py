@@ -12,7 +12,8 @@ same numbers as pipecat's vendored code (``smart_turn/_whisper_features.py``).
 import threading
 
 import numpy as np
-import onnxruntime as ort
+
+from .onnx import cpu_session
 
 SAMPLE_RATE = 16_000
 WINDOW_SECONDS = 8  # the model's input: the last 8 s of the turn
@@ -30,11 +31,7 @@ class SmartTurn:
     def __init__(self, model_path, threads=1):
         from transformers import WhisperFeatureExtractor
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self._session = ort.InferenceSession(str(model_path), options,
-                                             providers=["CPUExecutionProvider"])
+        self._session = cpu_session(model_path, threads)
         self._features = WhisperFeatureExtractor(chunk_length=WINDOW_SECONDS)
         self._lock = threading.Lock()  # the feature extractor is not documented as thread-safe
 

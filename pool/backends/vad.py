@@ -8,7 +8,8 @@ context, exactly as ``silero_vad.utils_vad.OnnxWrapper.__call__`` does.
 """
 
 import numpy as np
-import onnxruntime as ort
+
+from .onnx import cpu_session
 
 WINDOW_SAMPLES = 512  # samples at 16 kHz per call (32 ms), fixed by the model
 CONTEXT_SAMPLES = 64  # samples of the previous window prepended to each call, as in OnnxWrapper
@@ -19,11 +20,7 @@ class SileroVAD:
     """The shared model. ``model_path``: a Silero VAD ``.onnx``; ``threads``: intra-op threads."""
 
     def __init__(self, model_path, threads=1):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(str(model_path), options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = cpu_session(model_path, threads)
 
     def new_stream(self):
         return SileroStream(self.session)
