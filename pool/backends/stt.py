@@ -1,6 +1,38 @@
-"""Speech to text with faster-whisper (CTranslate2), one shared model for all units."""
+"""Speech to text with faster-whisper (CTranslate2), one shared model for all units.
 
+faster-whisper pads every input to Whisper's 30 s window before encoding, so a 2 s turn costs as
+much as a 30 s one. A turn here is short, so ``WhisperSTT`` encodes a window just long enough for
+it (``encoder_frames``) and decodes greedily with CTranslate2, using faster-whisper's own feature
+extractor, tokenizer and prompt layout. Measured on tiny.en (docs/MODELS.md of the shared docs,
+"Faster stages"): 0.26-0.35 s -> 0.07-0.17 s a turn, word error rate 5.7 % -> 6.3 % on 80
+utterances. Audio over ``SHORT_WINDOW_MAX_SECONDS`` takes faster-whisper's ordinary 30 s path.
+"""
+
+import math
+
+import ctranslate2
+import numpy as np
 from faster_whisper import WhisperModel
+from faster_whisper.tokenizer import Tokenizer
+from faster_whisper.transcribe import get_suppressed_tokens
+
+SAMPLE_RATE = 16_000  # Hz, Whisper's input rate
+FRAMES_PER_SECOND = 100  # Whisper's log-mel hop is 10 ms
+FULL_WINDOW_FRAMES = 3000  # Whisper's 30 s window
+# A window within about 1 s of the audio makes Whisper repeat itself; 4 s of margin and a 10 s
+# floor did not, on 80 utterances (MODELS.md, "Faster stages").
+MIN_WINDOW_SECONDS, WINDOW_MARGIN_SECONDS = 10, 4
+SHORT_WINDOW_MAX_SECONDS = 26.0
+# Decoded tokens allowed per second of audio (fast speech is ~4 tokens/s): a bound on any loop.
+TOKENS_PER_SECOND, MIN_TOKENS = 8, 16
+# faster-whisper's defaults for dropping a window that holds no speech (a cough, a click).
+NO_SPEECH_THRESHOLD, LOG_PROB_THRESHOLD = 0.6, -1.0
+
+
+def encoder_frames(seconds):
+    """Log-mel frames to encode for ``seconds`` of audio: max(10 s, audio + 4 s), at most 30 s."""
+    window = max(MIN_WINDOW_SECONDS, math.ceil(seconds + WINDOW_MARGIN_SECONDS))
+    return min(FULL_WINDOW_FRAMES, FRAMES_PER_SECOND * window)
 
 
 class WhisperSTT:
@@ -14,10 +46,52 @@ class WhisperSTT:
     def __init__(self, model_path, threads=2):
         self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8",
                                   cpu_threads=threads, num_workers=1)
+        self._tokenizers = {}  # language -> faster_whisper Tokenizer
 
     def transcribe(self, audio, language=None, prompt=None):
         """Transcript of ``audio`` (float32 mono, 16 kHz). ``language``: ISO code or None;
         ``prompt``: Whisper's initial prompt (text it expects, spelled as it should write it)."""
+        if len(audio) / SAMPLE_RATE > SHORT_WINDOW_MAX_SECONDS:
+            return self._transcribe_30s(audio, language, prompt)
+        return self._transcribe_short(audio, language, prompt)
+
+    def _tokenizer(self, language):
+        multilingual = self.model.model.is_multilingual
+        key = (language or "en") if multilingual else None
+        if key not in self._tokenizers:
+            self._tokenizers[key] = Tokenizer(self.model.hf_tokenizer, multilingual,
+                                              task="transcribe", language=key)
+        return self._tokenizers[key]
+
+    def _transcribe_short(self, audio, language, prompt):
+        seconds = len(audio) / SAMPLE_RATE
+        frames = encoder_frames(seconds)
+        features = self.model.feature_extractor(audio)[:, :frames]
+        features = np.pad(features, ((0, 0), (0, frames - features.shape[1])))
+        tokenizer = self._tokenizer(language)
+        encoded = self.model.model.encode(ctranslate2.StorageView.from_array(features[np.newaxis]))
+        result = self.model.model.generate(
+            encoded, [self._prompt(tokenizer, prompt)], beam_size=1,
+            max_length=int(MIN_TOKENS + TOKENS_PER_SECOND * seconds), return_scores=True,
+            return_no_speech_prob=True, suppress_blank=True,
+            suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
+        )[0]
+        tokens = result.sequences_ids[0]
+        avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)  # as faster-whisper
+        if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
+            return ""
+        text = tokenizer.decode(tokens).strip()
+        return text if any(c.isalnum() for c in text) else ""  # "." is Whisper's silence
+
+    def _prompt(self, tokenizer, prompt):
+        """faster-whisper's prompt layout: previous text after <|startofprev|>, then the start
+        sequence, then <|notimestamps|>."""
+        tokens = []
+        if prompt:
+            tokens = [tokenizer.sot_prev] + tokenizer.encode(" " + prompt.strip())[-(self.model.max_length // 2 - 1):]
+        return tokens + list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
+
+    def _transcribe_30s(self, audio, language, prompt):
         segments, _info = self.model.transcribe(
             audio, language=language, beam_size=1, vad_filter=False,
             condition_on_previous_text=False, without_timestamps=True, initial_prompt=prompt,

@@ -1,0 +1,55 @@
+"""The real Whisper tiny.en on real recordings: the short encoder window for a turn, and the
+ordinary 30 s path for long audio."""
+
+import numpy as np
+import pytest
+import soxr
+
+from pool.backends.stt import SHORT_WINDOW_MAX_SECONDS, WhisperSTT, encoder_frames
+from pool.conf import get_config
+from pool.prepare import default_paths
+from realtime.client import load_audio
+
+from .helpers import AUDIO_DIR, HOTWORDS, JFK, JFK_WORDS, normalise
+
+pytestmark = pytest.mark.e2e
+
+
+def _16k(path):
+    return soxr.resample(load_audio(path), 24_000, 16_000).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def stt():
+    return WhisperSTT(default_paths(get_config()["MODEL_CACHE_DIR"])["stt"])
+
+
+def test_encoder_window_keeps_its_margin_and_bounds():
+    assert encoder_frames(0.5) == encoder_frames(6.0) == 1000  # 10 s floor
+    assert encoder_frames(11.0) == 1500  # 11 s + 4 s margin
+    assert encoder_frames(25.9) == 3000  # capped at Whisper's 30 s window
+
+
+def test_short_window_transcribes_a_whole_recording(stt):
+    audio = _16k(JFK)
+    assert len(audio) / 16_000 < SHORT_WINDOW_MAX_SECONDS
+    assert JFK_WORDS in normalise(stt.transcribe(audio, "en"))
+
+
+def test_short_window_hears_short_turns(stt):
+    assert "fellow americans" in normalise(stt.transcribe(_16k(JFK)[: 3 * 16_000], "en"))
+    text = normalise(stt.transcribe(_16k(HOTWORDS), "en"))
+    assert "comfy" in text and "folder" in text, text
+
+
+def test_long_audio_is_transcribed_to_its_end(stt):
+    """28 s (past the short window): the 30 s path hears the last recording too."""
+    audio = np.concatenate([_16k(JFK), _16k(HOTWORDS), _16k(AUDIO_DIR / "stereo_diarization.wav"), _16k(JFK)])
+    audio = audio[: 28 * 16_000]
+    text = normalise(stt.transcribe(audio, "en"))
+    assert text.count("fellow americans") == 2, text
+    assert "comfy" in text and "curtain" in text, text
+
+
+def test_silence_is_no_words(stt):
+    assert stt.transcribe(np.zeros(16_000, np.float32), "en") == ""
