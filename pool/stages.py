@@ -13,6 +13,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 
 import numpy as np
 
@@ -291,7 +292,9 @@ class LLMStage:
 
     After the first phrase, generation pauses until TTS has spoken it (at most
     FIRST_PHRASE_WAIT seconds): on a small CPU the two would otherwise share the cores and the
-    first audio would come later, while the LLM writes far faster than speech is spoken.
+    first audio would come later, while the LLM writes far faster than speech is spoken. A backend
+    that ``resumes`` (llama.cpp) is paused by stopping it and continuing from the text so far;
+    any other by blocking its stream.
     """
 
     name = "llm"
@@ -317,11 +320,16 @@ class LLMStage:
             return
         splitter = PhraseSplitter()
         started = job.timings["llm_start"] = time.perf_counter()
+        resumes = self._llm.resumes
+        said = []  # the reply's text so far
+        pause = False  # a resuming backend stops at the first phrase
 
         def on_text(text):
+            nonlocal pause
             if "llm_first_text" not in job.timings:
                 job.timings["llm_first_text"] = time.perf_counter()
                 text = text.lstrip()
+            said.append(text)
             if job.modality == "text":
                 ctx.emit(m.ResponseText(job.response_id, text))
                 return
@@ -329,11 +337,13 @@ class LLMStage:
                 first = "llm_first_phrase" not in job.timings
                 job.timings.setdefault("llm_first_phrase", time.perf_counter())
                 self._tts_inbox.put((ctx, m.Phrase(job, phrase)))
-                if first:
+                if first and resumes:
+                    pause = True
+                elif first:
                     self._yield_to_first_phrase(ctx, job)
 
         def should_stop():
-            return job.cancelled.is_set() or ctx.closed
+            return pause or job.cancelled.is_set() or ctx.closed
 
         def on_function_call(name, arguments, call_id=None):
             rest = splitter.flush()  # text said before the call is spoken before it
@@ -344,6 +354,14 @@ class LLMStage:
         error, usage = None, {}
         try:
             usage = self._llm.generate(job.request, on_text, should_stop, on_function_call)
+            if pause:  # stopped at the first phrase: continue once it is spoken
+                self._yield_to_first_phrase(ctx, job)
+                pause = False
+                left = job.request.max_output_tokens - usage.get("output_tokens", 0)
+                if left > 0 and not should_stop():
+                    resumed = replace(job.request, prefix="".join(said), max_output_tokens=left)
+                    more = self._llm.generate(resumed, on_text, should_stop, on_function_call)
+                    usage["output_tokens"] = usage.get("output_tokens", 0) + more.get("output_tokens", 0)
         except Exception as exc:  # noqa: BLE001 - a model failure fails the response, not the thread
             error = f"{type(exc).__name__}: {exc}"
         rest = splitter.flush()

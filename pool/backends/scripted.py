@@ -8,6 +8,7 @@ set, to test drains that never finish; across processes, a user message containi
 ``SCRIPT.reset()`` after.
 """
 
+import re
 import threading
 import time
 
@@ -50,7 +51,10 @@ class ScriptedSTT:
 
 class ScriptedLLM:
     """Replies ``SCRIPT.reply``; with tools offered and a user message last, calls the first
-    offered tool with ``SCRIPT.tool_arguments``; after a function result, says what it returned."""
+    offered tool with ``SCRIPT.tool_arguments``; after a function result, says what it returned.
+    Continues a reply from ``request.prefix`` as llama.cpp does (``resumes``)."""
+
+    resumes = True
 
     def generate(self, request, on_text, should_stop, on_function_call=None):
         SCRIPT.requests.append(request)
@@ -62,17 +66,20 @@ class ScriptedLLM:
             on_function_call(tools[0]["name"], SCRIPT.tool_arguments)
             return {"input_tokens": len(request.messages), "output_tokens": 1}
         reply = f"The function returned {last['content']}." if last["role"] == "tool" else SCRIPT.reply
-        words = reply.split(" ")[: request.max_output_tokens]
-        for i, word in enumerate(words):
+        assert reply.startswith(request.prefix), (reply, request.prefix)
+        words = re.findall(r"\s*\S+", reply[len(request.prefix):])[: request.max_output_tokens]
+        sent = 0
+        for word in words:
             while SCRIPT.wedge.is_set():  # a wedged handler: ignores should_stop on purpose
                 time.sleep(0.01)
             if should_stop():
                 break
-            on_text(word if i == 0 else " " + word)
+            on_text(word)
+            sent += 1
             if SCRIPT.token_delay:
                 time.sleep(SCRIPT.token_delay)
         return {"input_tokens": sum(len((m.get("content") or "").split()) for m in request.messages),
-                "output_tokens": len(words)}
+                "output_tokens": sent}
 
 
 class ScriptedTTS:
