@@ -7,15 +7,22 @@ server, with the default session (barge-in on) for each turn detection type.
 For each completed response: milliseconds from the end of the user's speech to speech_stopped,
 committed, the transcript, response.created, the first LLM text and phrase, the first TTS audio
 and the first response.output_audio.delta received by the client; and the overhead: first audio
-minus the commit minus the stages' own compute (STT, LLM up to the first phrase, TTS of the first
-phrase). Per conversation: whether its last user turn got a completed reply ("answered turns").
+minus the transcript minus the stages' own compute after it (LLM up to the first phrase, TTS of
+the first phrase). The STT runs at the first 200 ms of a pause (speculatively), so its compute is
+reported but is not all on the critical path: "transcript" - "committed" is. Per conversation:
+whether its last user turn got a completed reply ("answered turns"). Per run: how many
+speculative transcripts were used by a commit and how many were thrown away.
 """
 
 import argparse
 import asyncio
 import json
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from .common import RECORDINGS, emit, start_server, stats, turn_timings
+from .connect_storm import TOKEN
 from .driver import converse, last_turn_answered, turns
 
 SILENCE_MS = 500  # server_vad's default silence_duration_ms
@@ -44,20 +51,36 @@ def measure(server, recordings, runs, turn_detection="server_vad"):
                 row[key.removesuffix("_ms")] = round(offset + marks[key], 1)
         llm_compute = (marks.get("llm_first_phrase_ms") or 0) - (marks.get("llm_start_ms") or 0)
         row["stt_compute"] = marks.get("stt_compute_ms")
+        row["stt_speculative"] = marks.get("stt_speculative", False)
+        row["stt_wait"] = round(row["transcript"] - row["committed"], 1)
         row["llm_first_phrase_compute"] = round(llm_compute, 1)
         row["tts_first_compute"] = marks.get("tts_first_compute_ms")
-        compute = (row["stt_compute"] or 0) + llm_compute + (row["tts_first_compute"] or 0)
-        row["overhead"] = round(row["first_audio"] - row["committed"] - compute, 1)
+        compute = llm_compute + (row["tts_first_compute"] or 0)
+        row["overhead"] = round(row["first_audio"] - row["transcript"] - compute, 1)
     return rows, answered
+
+
+def speculations(server):
+    """The server's speculative transcripts so far: {"used": n, "discarded": n} (GET /metrics)."""
+    request = urllib.request.Request(f"{server.http_url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        text = reply.read().decode()
+    counts = {"used": 0, "discarded": 0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "s2s_stt_speculations_total":
+                counts[sample.labels["outcome"]] += int(sample.value)
+    return counts
 
 
 def summary(rows, answered, turn_detection="server_vad"):
     keys = ["speech_stopped", "committed", "transcript", "response_created", "llm_first_text",
-            "llm_first_phrase", "tts_first_audio", "first_audio", "stt_compute", "llm_first_phrase_compute",
-            "tts_first_compute", "overhead"]
+            "llm_first_phrase", "tts_first_audio", "first_audio", "stt_compute", "stt_wait",
+            "llm_first_phrase_compute", "tts_first_compute", "overhead"]
     table = {key: stats([r[key] for r in rows if r.get(key) is not None]) for key in keys}
     first_audio_p50 = table["first_audio"]["p50"] if table["first_audio"] else None
     return {"turn_detection": turn_detection, "turns": len(rows),
+            "speculative_transcripts": sum(bool(r.get("stt_speculative")) for r in rows),
             "answered_turns": f"{sum(answered)}/{len(answered)}", "ms_from_end_of_speech": table,
             "targets": {"overhead_p50_under_20ms": bool(table["overhead"] and table["overhead"]["p50"] < 20),
                         "first_audio_p50_within_silence_plus_350ms":
@@ -72,14 +95,17 @@ def main(argv=None):
     parser.add_argument("--threads", type=json.loads, default=None, help="S2S THREADS override, JSON")
     parser.add_argument("--recordings", default=",".join(RECORDINGS))
     args = parser.parse_args(argv)
-    settings = {"THREADS": args.threads} if args.threads else {}
+    settings = {"STATUS_TOKEN": TOKEN, **({"THREADS": args.threads} if args.threads else {})}
     server = start_server(1, settings)
     results = []
     try:
         recordings = {name: RECORDINGS[name] for name in args.recordings.split(",")}
         for turn_detection in args.turn_detection.split(","):
+            before = speculations(server)
             rows, answered = measure(server, recordings, args.runs, turn_detection)
-            results.append({**summary(rows, answered, turn_detection), "rows": rows})
+            after = speculations(server)
+            results.append({**summary(rows, answered, turn_detection),
+                            "stt_speculations": {k: after[k] - before[k] for k in after}, "rows": rows})
     finally:
         server.stop()
     emit("turn_latency", {"threads": args.threads or "default", "results": results})

@@ -97,6 +97,21 @@ class ResponseJob:
 
 @dataclass
 class Transcribe:
+    """VAD -> STT: a committed item. ``speculated_samples``: the length of the item's audio when
+    it was speculatively transcribed, if nothing but silence came after (the transcript of that
+    speculation is the item's); else None."""
+
+    item_id: str
+    audio: object  # float32 @ 16 kHz
+    language: str | None
+    speculated_samples: int | None = None
+
+
+@dataclass
+class Speculate:
+    """VAD -> STT: the speech of an item at the first pause; transcribed ahead of a commit that
+    may follow. Nothing is sent to the protocol unless the commit comes with no speech between."""
+
     item_id: str
     audio: object  # float32 @ 16 kHz
     language: str | None
@@ -178,6 +193,7 @@ class Transcribed:
     transcript: str
     audio_seconds: float
     stt_seconds: float
+    speculative: bool = False  # transcribed at a pause, before the commit
 
 
 @dataclass

@@ -23,6 +23,8 @@ RELEASES = Counter("s2s_releases", "Quarantined units released by an operator.",
 ERRORS = Counter("s2s_errors", "error events sent to clients, by code.", ["process", "code"])
 TURN_FIRST_AUDIO = Histogram("s2s_turn_first_audio_seconds",
                              "From speech_stopped to the first audio delta sent.", ["process"], buckets=BUCKETS)
+SPECULATIONS = Counter("s2s_stt_speculations", "Transcripts made at a pause before the turn ended: "
+                       "used by the commit, or discarded because the user went on.", ["process", "outcome"])
 STAGE_SECONDS = Histogram("s2s_stage_seconds", "Compute time of a stage in one turn.", ["process", "stage"],
                           buckets=BUCKETS)
 

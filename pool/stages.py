@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from . import messages as m
+from . import metrics
 from .backends.vad import SAMPLE_RATE, WINDOW_SAMPLES
 from .ids import new_id
 
@@ -28,6 +29,9 @@ NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (Silero's get_spe
 # Voiced audio (ms) before a candidate counts as speech: a breath or a click is not a turn and
 # does not interrupt. Silero's get_speech_timestamps uses 250 ms; shorter keeps a quick "No.".
 MIN_SPEECH_MS = 160
+# Speculative transcription: at this much silence the speech so far is transcribed, so a turn that
+# ends at this pause has its transcript ready (or under way) when the silence commits it.
+SPECULATE_MS = 200
 TTS_RATE = 24_000  # Hz, what the TTS backends return
 
 
@@ -61,6 +65,7 @@ class VADStage:
         self._silence = 0  # samples of silence since the last speech window
         self._voiced, self._announced, self._speech_start = 0, False, 0  # the current speech
         self._asked = False  # the end-of-turn model was asked about the current pause
+        self._speculated = None  # samples of the speech transcribed at the current pause
         self._peek = None  # (voiced samples, prompt) at which to peek at the current speech
         self._last = None  # (item id, audio, voiced samples) of the last speech committed
         self.input_lag_max = 0.0
@@ -140,12 +145,13 @@ class VADStage:
         if probability < max(td["threshold"] - NEG_THRESHOLD_GAP, 0.01):
             self._silence += WINDOW_SAMPLES
         else:
-            self._silence, self._asked = 0, False
+            self._silence, self._asked, self._speculated = 0, False, None
         if not self._announced:
             if self._silence * 1000 >= MIN_SPEECH_MS * SAMPLE_RATE:
                 self._drop_candidate()
             return
         self._maybe_peek(ctx)
+        self._maybe_speculate(ctx, td)
         if self._silence * 1000 >= td["silence_ms"] * SAMPLE_RATE or self._finished_early(td):
             item_id = self._speech_item
             ctx.emit(m.SpeechStopped(item_id, _ms(self._samples_seen - self._silence)))
@@ -156,6 +162,17 @@ class VADStage:
         prefix padding of the next speech."""
         self._prefix = collections.deque(self._buffer)
         self._buffer, self._speech_item = [], None
+
+    def _maybe_speculate(self, ctx, td):
+        """At the first SPECULATE_MS of a pause (shorter than the turn's silence), transcribe the
+        speech so far: the STT keeps the result for the commit, which reuses it when nothing but
+        silence came between."""
+        if (self._speculated is not None or td["silence_ms"] <= SPECULATE_MS
+                or self._silence * 1000 < SPECULATE_MS * SAMPLE_RATE):
+            return
+        audio = np.concatenate(self._buffer)
+        self._speculated = len(audio)
+        self._stt_inbox.put((ctx, m.Speculate(self._speech_item, audio, self.language)))
 
     def _finished_early(self, td):
         """semantic_vad: at the first ``check_ms`` of a pause, the end-of-turn model decides."""
@@ -202,22 +219,26 @@ class VADStage:
         self._last = (item_id, audio, self._voiced * WINDOW_SAMPLES) if self.turn_detection else None
         self._buffer, self._pending, self._speech_item = [], self._pending[:0], None
         self._prefix.clear()
+        speculated, self._speculated = self._speculated, None
         self._peek, self._asked, self._voiced = None, False, 0
         ctx.emit(m.InputCommitted(item_id, _ms(len(audio)), event_id))
-        self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, self.language)))
+        self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, self.language, speculated)))
 
 
 class STTStage:
-    """Transcribes committed items (every item gets Transcribed or TranscriptionFailed) and
-    peeks at speech still in progress (SpeechPeeked, or nothing when the peek fails)."""
+    """Transcribes committed items (every item gets Transcribed or TranscriptionFailed), peeks
+    at speech still in progress (SpeechPeeked, or nothing when the peek fails), and transcribes
+    speech at its first pause ahead of its commit (Speculate; kept, used by the commit or
+    dropped)."""
 
     name = "stt"
 
     def __init__(self, backends):
         self._stt = backends.stt
+        self._speculation = None  # (item id, samples, transcript, seconds) of the last Speculate
 
     def end_session(self):
-        pass
+        self._speculation = None
 
     def handle(self, ctx, msg):
         if isinstance(msg, m.Peek):
@@ -226,6 +247,22 @@ class STTStage:
             except Exception:  # noqa: BLE001 - a failed peek hears no words; the item goes on
                 transcript = ""
             ctx.emit(m.SpeechPeeked(msg.item_id, transcript, msg.voiced_ms))
+            return
+        speculation, self._speculation = self._speculation, None
+        if speculation and isinstance(msg, m.Transcribe) and speculation[:2] == (msg.item_id, msg.speculated_samples):
+            metrics.SPECULATIONS.labels(metrics.PROCESS, "used").inc()
+            ctx.emit(m.Transcribed(msg.item_id, speculation[2], len(msg.audio) / SAMPLE_RATE, speculation[3],
+                                   speculative=True))
+            return
+        if speculation:  # the user went on speaking after the pause: the work is thrown away
+            metrics.SPECULATIONS.labels(metrics.PROCESS, "discarded").inc()
+        if isinstance(msg, m.Speculate):
+            started = time.perf_counter()
+            try:
+                transcript = self._stt.transcribe(msg.audio, msg.language)
+            except Exception:  # noqa: BLE001 - the commit transcribes again and reports it
+                return
+            self._speculation = (msg.item_id, len(msg.audio), transcript, time.perf_counter() - started)
             return
         started = time.perf_counter()
         try:

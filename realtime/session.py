@@ -358,6 +358,7 @@ class RealtimeSession:
     def _on_transcribed(self, event):
         self._turn_marks["transcribed"] = time.perf_counter()
         self._turn_marks["stt_seconds"] = event.stt_seconds
+        self._turn_marks["stt_speculative"] = event.speculative
         item = self.items.get(event.item_id)
         if item is not None:  # else deleted while it was transcribed
             item["content"][0]["transcript"] = event.transcript
@@ -465,6 +466,7 @@ class RealtimeSession:
             "tts_first_audio_ms": since(timings.get("tts_first_audio")),
             "first_audio_sent_ms": since(marks.get("first_audio")),
             "stt_compute_ms": round(marks.get("stt_seconds", 0) * 1000, 1),
+            "stt_speculative": marks.get("stt_speculative", False),  # computed before the commit
             "tts_first_compute_ms": round(timings.get("tts_first_seconds", 0) * 1000, 1),
             "audio_out_s": round(response.audio_ms / 1000, 2),
         }

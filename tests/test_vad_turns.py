@@ -2,14 +2,16 @@
 
 import base64
 import queue
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from pool import messages as m
 from pool.backends.vad import SileroVAD
 from pool.backends.scripted import load_scripted
 from pool.conf import DEFAULTS
-from pool.stages import VADStage
+from pool.stages import STTStage, VADStage
 from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder
 
@@ -21,7 +23,7 @@ def backends():
     return load_scripted({**DEFAULTS, "BACKEND": "scripted"})
 
 
-def run_vad(backends, silence_ms, threshold=0.5, path=JFK, check_ms=None, silence_s=2.0):
+def run_vad(backends, silence_ms, threshold=0.5, path=JFK, check_ms=None, silence_s=2.0, speculations=None):
     stt_inbox = queue.Queue()
     stage = VADStage(backends, stt_inbox)
     events = []
@@ -34,7 +36,9 @@ def run_vad(backends, silence_ms, threshold=0.5, path=JFK, check_ms=None, silenc
     transcribe = []
     while not stt_inbox.empty():
         transcribe.append(stt_inbox.get()[1])
-    return events, transcribe
+    if speculations is not None:
+        speculations.extend(t for t in transcribe if isinstance(t, m.Speculate))
+    return events, [t for t in transcribe if not isinstance(t, m.Speculate)]
 
 
 def test_long_silence_setting_keeps_the_sentence_in_one_turn(backends):
@@ -141,3 +145,58 @@ def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backen
     assert isinstance(work[-1], m.Transcribe)  # the turns are still committed as usual
     # Every request is answered: one for an unknown item hears nothing at once.
     assert [(e.item_id, e.transcript) for e in events if isinstance(e, m.SpeechPeeked)] == [("item_gone", "")]
+
+
+def test_each_turn_is_transcribed_at_its_first_pause_and_the_commit_reuses_it(backends):
+    """server_vad, 500 ms: the speech so far goes to the STT at 200 ms of every pause; a pause
+    that becomes the end of the turn commits with nothing but silence after it."""
+    speculations = []
+    events, transcribe = run_vad(backends, silence_ms=500, speculations=speculations)
+    assert transcribe and all(t.speculated_samples is not None for t in transcribe)
+    by_item = {s.item_id: s for s in speculations}
+    for t in transcribe:
+        spoken = by_item[t.item_id]
+        assert t.speculated_samples == len(spoken.audio)
+        np.testing.assert_array_equal(t.audio[: len(spoken.audio)], spoken.audio)
+    # jfk.flac pauses for 200-500 ms inside turns too: those speculations are thrown away.
+    assert len(speculations) >= len(transcribe)
+
+
+def test_speech_after_the_pause_makes_the_speculation_stale(backends):
+    """With a long silence the 200-500 ms pauses do not end the turn: the commit carries the
+    speech after the last pause, so it is transcribed afresh."""
+    speculations = []
+    _, transcribe = run_vad(backends, silence_ms=1500, speculations=speculations)
+    assert len(transcribe) == 1 and len(speculations) >= 2
+    assert transcribe[0].speculated_samples == len(speculations[-1].audio)
+    assert all(s.item_id == transcribe[0].item_id for s in speculations)
+
+
+class CountingSTT:
+    def __init__(self):
+        self.calls = []
+
+    def transcribe(self, audio, language=None, prompt=None):
+        self.calls.append(len(audio))
+        return f"heard {len(audio)} samples"
+
+
+def test_the_stt_stage_answers_a_commit_from_its_speculation_only_when_it_matches():
+    stt = CountingSTT()
+    stage = STTStage(SimpleNamespace(stt=stt))
+    events = []
+    ctx = m.SessionContext(events.append)
+    audio = np.zeros(16_000, np.float32)
+    stage.handle(ctx, m.Speculate("item_1", audio[:8000], "en"))
+    assert events == [] and stt.calls == [8000]  # nothing reaches the protocol yet
+    stage.handle(ctx, m.Transcribe("item_1", audio, "en", speculated_samples=8000))
+    assert stt.calls == [8000] and events[-1].transcript == "heard 8000 samples"
+    # The user went on after the pause: the speculation does not match the commit.
+    stage.handle(ctx, m.Speculate("item_2", audio[:4000], "en"))
+    stage.handle(ctx, m.Transcribe("item_2", audio, "en", speculated_samples=None))
+    assert stt.calls[-1] == 16_000 and events[-1].transcript == "heard 16000 samples"
+    # A speculation never outlives its session.
+    stage.handle(ctx, m.Speculate("item_3", audio[:4000], "en"))
+    stage.end_session()
+    stage.handle(ctx, m.Transcribe("item_3", audio, "en", speculated_samples=4000))
+    assert events[-1].transcript == "heard 16000 samples"
