@@ -6,7 +6,10 @@ Run by the test suite (tests/test_bench_smoke.py); figures from it mean nothing.
 
 import json
 
-from . import connect_storm, listening, soak, throughput, turn_latency
+from pool.conf import DEFAULTS
+from pool.prepare import default_paths
+
+from . import connect_storm, listening, soak, stages, throughput, turn_latency
 from .common import RECORDINGS, emit, rss_mb, start_server
 
 
@@ -24,6 +27,9 @@ def main():
         }
     finally:
         server.stop()
+    paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"])
+    result["stages"] = {"stt": stages.stt_rows(paths, 1), "llm": stages.llm_rows(paths, 1, [], True),
+                        "tts": stages.tts_rows(paths, 1)}
     emit("smoke", result)
 
 

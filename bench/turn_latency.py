@@ -55,6 +55,9 @@ def measure(server, recordings, runs, turn_detection="server_vad"):
         row["stt_wait"] = round(row["transcript"] - row["committed"], 1)
         row["llm_first_phrase_compute"] = round(llm_compute, 1)
         row["tts_first_compute"] = marks.get("tts_first_compute_ms")
+        row["tts_first_phrase_audio"] = marks.get("tts_first_phrase_audio_ms")
+        if row["tts_first_compute"] and row["tts_first_phrase_audio"]:
+            row["tts_first_real_time_factor"] = round(row["tts_first_compute"] / row["tts_first_phrase_audio"], 2)
         compute = llm_compute + (row["tts_first_compute"] or 0)
         row["overhead"] = round(row["first_audio"] - row["transcript"] - compute, 1)
     return rows, answered
@@ -76,7 +79,8 @@ def speculations(server):
 def summary(rows, answered, turn_detection="server_vad"):
     keys = ["speech_stopped", "committed", "transcript", "response_created", "llm_first_text",
             "llm_first_phrase", "tts_first_audio", "first_audio", "stt_compute", "stt_wait",
-            "llm_first_phrase_compute", "tts_first_compute", "overhead"]
+            "llm_first_phrase_compute", "tts_first_compute", "tts_first_phrase_audio",
+            "tts_first_real_time_factor", "overhead"]
     table = {key: stats([r[key] for r in rows if r.get(key) is not None]) for key in keys}
     first_audio_p50 = table["first_audio"]["p50"] if table["first_audio"] else None
     return {"turn_detection": turn_detection, "turns": len(rows),

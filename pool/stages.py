@@ -462,6 +462,7 @@ class TTSStage:
         if "tts_first_audio" not in job.timings:
             job.timings["tts_first_audio"] = time.perf_counter()
             job.timings["tts_first_seconds"] = job.timings["tts_first_audio"] - started
+            job.timings["tts_first_audio_seconds"] = len(samples) / TTS_RATE
             job.first_audio.set()
         self._send(ctx, job, msg.text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE,
                    time.perf_counter() - started)

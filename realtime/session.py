@@ -468,6 +468,7 @@ class RealtimeSession:
             "stt_compute_ms": round(marks.get("stt_seconds", 0) * 1000, 1),
             "stt_speculative": marks.get("stt_speculative", False),  # computed before the commit
             "tts_first_compute_ms": round(timings.get("tts_first_seconds", 0) * 1000, 1),
+            "tts_first_phrase_audio_ms": round(timings.get("tts_first_audio_seconds", 0) * 1000, 1),
             "audio_out_s": round(response.audio_ms / 1000, 2),
         }
         log.info("turn timings %s", json.dumps(turn))

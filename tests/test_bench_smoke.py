@@ -24,3 +24,5 @@ def test_bench_smoke_runs_every_benchmark():
     assert result["listening"]["steps"][0]["active_units"] == 2
     assert result["throughput"]["turns"] >= 1
     assert result["soak"]["sessions_in_a_row"]["served"] == 20
+    assert "ask not what your country" in result["stages"]["stt"][0]["transcript"].lower()
+    assert result["stages"]["llm"][0]["tokens_per_s"] > 0 and result["stages"]["tts"][0]["audio_s"] > 0

@@ -1,0 +1,140 @@
+"""Each stage's model on its own, old way against new way, in one process and one run:
+
+- STT: Whisper tiny.en through faster-whisper's 30 s window against the short window, on the
+  recordings (and the first 3 s of jfk.flac);
+- LLM: the default SmolLM2-135M GGUF through transformers (fp32, de-quantized at load) against
+  llama.cpp: time to the first 4 words of a reply (a new prompt, then the same prompt again for
+  llama.cpp's prompt cache) and decoding speed; plus any ``--gguf`` a user brings, on llama.cpp;
+- TTS: Kokoro on first phrases of 1 to 4 words and a sentence: compute time and audio length.
+
+    python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers]
+
+Medians of ``--repeats`` runs after one warm-up. Nothing else runs: these are the models' own
+costs on this machine, to set beside the server's (bench.turn_latency).
+"""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import soxr
+
+from pool.backends.llm import LLMRequest, LlamaCppLLM, TransformersLLM
+from pool.backends.stt import WhisperSTT
+from pool.backends.tts import KokoroTTS
+from pool.conf import DEFAULTS
+from pool.prepare import default_paths
+from realtime.client import load_audio
+
+from .common import RECORDINGS, emit
+
+MESSAGES = [{"role": "system", "content": DEFAULTS["DEFAULT_INSTRUCTIONS"]},
+            {"role": "user", "content": "What can I cook tonight with rice and two eggs?"}]
+PHRASES = ["Sure.", "Sure, I", "Sure, I can", "Sure, I can help", "Sure, I can help with that. What would you like?"]
+
+
+def timed(function, repeats):
+    """Median seconds of ``repeats`` calls after one warm-up call, and the last result."""
+    result = function()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = function()
+        times.append(time.perf_counter() - started)
+    return round(statistics.median(times), 3), result
+
+
+def stt_rows(paths, repeats):
+    stt = WhisperSTT(paths["stt"], DEFAULTS["THREADS"]["stt"])
+    clips = {name: soxr.resample(load_audio(path), 24_000, 16_000).astype(np.float32)
+             for name, path in RECORDINGS.items()}
+    clips["jfk_first_3s"] = clips["jfk"][: 3 * 16_000]
+    rows = []
+    for name, audio in clips.items():
+        full, _ = timed(lambda: stt._transcribe_30s(audio, "en", None), repeats)
+        short, text = timed(lambda: stt._transcribe_short(audio, "en", None), repeats)
+        rows.append({"audio": name, "seconds": round(len(audio) / 16_000, 1), "window_30s_s": full,
+                     "short_window_s": short, "ratio": round(short / full, 2), "transcript": text})
+    return rows
+
+
+def first_words(llm, request, words=4):
+    """(seconds to the first ``words`` words, tokens per second over the whole reply, reply)."""
+    text, marks = [], {}
+    started = time.perf_counter()
+
+    def on_text(chunk):
+        text.append(chunk)
+        if "first" not in marks and len("".join(text).split()) > words:  # the 4th word is whole
+            marks["first"] = time.perf_counter() - started
+
+    usage = llm.generate(request, on_text, lambda: False)
+    total = time.perf_counter() - started
+    return marks.get("first", total), usage["output_tokens"] / total, "".join(text)
+
+
+def llm_row(name, llm, repeats, cached):
+    request = LLMRequest(MESSAGES, 60)
+    firsts, rates = [], []
+    first_words(llm, request)  # warm-up
+    for i in range(repeats):
+        # A new prompt each time (a different user message) unless the prompt cache is measured.
+        varied = request if cached else LLMRequest(
+            [MESSAGES[0], {"role": "user", "content": MESSAGES[1]["content"] + " " * (i + 1) + str(i)}], 60)
+        first, rate, reply = first_words(llm, varied)
+        firsts.append(first)
+        rates.append(rate)
+    return {"model": name, "prompt": "cached" if cached else "new", "first_4_words_s": round(statistics.median(firsts), 3),
+            "tokens_per_s": round(statistics.median(rates), 1), "reply": reply}
+
+
+def llm_rows(paths, repeats, ggufs, skip_transformers):
+    threads = DEFAULTS["THREADS"]["llm"]
+    rows = []
+    llama = LlamaCppLLM(paths["llm"], threads, slots=1)
+    rows += [llm_row("SmolLM2-135M Q4_1, llama.cpp", llama, repeats, cached) for cached in (False, True)]
+    del llama
+    if not skip_transformers:
+        transformers = TransformersLLM(paths["llm"], threads)
+        rows.append(llm_row("SmolLM2-135M, transformers fp32", transformers, repeats, False))
+        del transformers
+    for path in ggufs:
+        other = LlamaCppLLM(path, threads, slots=1)
+        rows.append(llm_row(f"{path.rsplit('/', 1)[-1]}, llama.cpp", other, repeats, False))
+        del other
+    return rows
+
+
+def tts_rows(paths, repeats):
+    tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], DEFAULTS["THREADS"]["tts"])
+    rows = []
+    for text in PHRASES:
+        seconds, audio = timed(lambda: tts.synthesize(text, "af_heart"), repeats)
+        audio_s = len(audio) / 24_000
+        rows.append({"text": text, "audio_s": round(audio_s, 2), "compute_s": seconds,
+                     "real_time_factor": round(seconds / audio_s, 2)})
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--gguf", action="append", default=[], help="another GGUF to time on llama.cpp")
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--stages", default="stt,llm,tts")
+    args = parser.parse_args(argv)
+    paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"])
+    stages = args.stages.split(",")
+    result = {"repeats": args.repeats}
+    if "stt" in stages:
+        result["stt"] = stt_rows(paths, args.repeats)
+    if "llm" in stages:
+        result["llm"] = llm_rows(paths, args.repeats, args.gguf, args.skip_transformers)
+    if "tts" in stages:
+        result["tts"] = tts_rows(paths, args.repeats)
+    emit("stages", result)
+
+
+if __name__ == "__main__":
+    main()
