@@ -9,7 +9,10 @@ import time
 import numpy as np
 import websockets
 
+from realtime.audio import PCM_RATE
 from realtime.client import CHUNK_MS, load_audio, pcm16_chunks
+
+PCM16_BYTES_PER_SECOND = 2 * PCM_RATE  # the session's default output: PCM16 mono
 
 
 async def converse(url, recording, session=None, trailing_silence_s=3.0, quiet_s=3.0, timeout_s=180,
@@ -58,10 +61,13 @@ async def converse(url, recording, session=None, trailing_silence_s=3.0, quiet_s
 
 def turns(conversation):
     """Completed responses of a conversation with the client-side marks of the turn they answer:
-    seconds from the end of the user's speech (server-reported ``audio_end_ms``) to each event."""
+    milliseconds from the end of the user's speech (server-reported ``audio_end_ms``) to each
+    event; and ``playback_stall``: the silence (ms) a listener playing the reply's audio in real
+    time from its first delta hears while waiting for the next one."""
     t0, events = conversation["start"], conversation["events"]
     stopped, committed, transcribed = {}, {}, {}
     last_item, created, first_audio, result = None, {}, {}, []
+    playback = {}  # response id -> [playhead (s), stall (s)]: its audio played in real time
     for t, event in events:
         kind = event["type"]
         if kind == "input_audio_buffer.speech_stopped":
@@ -75,6 +81,11 @@ def turns(conversation):
             created[event["response"]["id"]] = (t, last_item)
         elif kind == "response.output_audio.delta":
             first_audio.setdefault(event["response_id"], t)
+            play = playback.setdefault(event["response_id"], [t, 0.0])
+            if t > play[0]:  # the client has played everything it had: the listener hears a gap
+                play[1] += t - play[0]
+                play[0] = t
+            play[0] += len(base64.b64decode(event["delta"])) / PCM16_BYTES_PER_SECOND
         elif kind == "response.done" and event["response"]["status"] == "completed":
             response_id = event["response"]["id"]
             t_created, item = created[response_id]
@@ -87,7 +98,8 @@ def turns(conversation):
 
             result.append({"response": response_id, "speech_stopped": ms(stopped[item][0]),
                            "committed": ms(committed[item]), "transcript": ms(transcribed[item]),
-                           "response_created": ms(t_created), "first_audio": ms(first_audio[response_id])})
+                           "response_created": ms(t_created), "first_audio": ms(first_audio[response_id]),
+                           "playback_stall": round(playback[response_id][1] * 1000, 1)})
     return result
 
 

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import base64
 import json
+import sys
 import time
 import urllib.request
 
@@ -82,7 +83,8 @@ def wait_idle(server, timeout=120):
         if all(u["state"] == "idle" for u in pool_status(server)["units"]):
             return
         time.sleep(0.5)
-    raise RuntimeError("the pool did not return to idle")
+    states = [u["state"] for u in pool_status(server)["units"]]
+    raise RuntimeError(f"the pool did not return to idle in {timeout} s: {states}")
 
 
 def run(server, steps, seconds):
@@ -93,6 +95,7 @@ def run(server, steps, seconds):
     for k in steps:
         wait_idle(server)
         results.append(asyncio.run(step(server, k, seconds, chunks)))
+        print(json.dumps(results[-1]), file=sys.stderr)  # progress: a long run shows each step
     passing = [r["sessions"] for r in results if r["keeps_real_time"]]
     return {"seconds_per_step": seconds, "steps": results, "largest_k": max(passing, default=0),
             "target_at_least_32": max(passing, default=0) >= 32}

@@ -80,7 +80,7 @@ def summary(rows, answered, turn_detection="server_vad"):
     keys = ["speech_stopped", "committed", "transcript", "response_created", "llm_first_text",
             "llm_first_phrase", "tts_first_audio", "first_audio", "stt_compute", "stt_wait",
             "llm_first_phrase_compute", "tts_first_compute", "tts_first_phrase_audio",
-            "tts_first_real_time_factor", "overhead"]
+            "tts_first_real_time_factor", "overhead", "playback_stall"]
     table = {key: stats([r[key] for r in rows if r.get(key) is not None]) for key in keys}
     first_audio_p50 = table["first_audio"]["p50"] if table["first_audio"] else None
     return {"turn_detection": turn_detection, "turns": len(rows),

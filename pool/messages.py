@@ -88,11 +88,31 @@ class ResponseJob:
     speed: float
     encoder: object
     cancelled: threading.Event = field(default_factory=threading.Event)
-    # Set by TTS once the first phrase is spoken: the LLM waits for it so that the first phrase's
-    # synthesis has the cores to itself (first audio sooner; the LLM outpaces speech anyway).
-    first_audio: threading.Event = field(default_factory=threading.Event)
+    # Phrases the TTS has spoken (synthesized and sent). The LLM waits for each phrase it queued
+    # before it writes the next, so that synthesis has the cores to itself: on 2 cores the two
+    # would otherwise slow each other down, and the LLM outpaces speech anyway.
+    phrases_spoken: int = 0
+    spoken: threading.Condition = field(default_factory=threading.Condition)
     # time.perf_counter() marks set by the stages: "llm_start", "llm_first_text", "tts_first_audio"
     timings: dict = field(default_factory=dict)
+    audio_seconds: float = 0.0  # speech synthesized so far (TTS stage)
+
+    def phrase_spoken(self):
+        """TTS: one more phrase synthesized and sent."""
+        with self.spoken:
+            self.phrases_spoken += 1
+            self.spoken.notify_all()
+
+    def wait_spoken(self, count, timeout, stop, poll=0.02):
+        """LLM: block until ``count`` phrases are spoken, ``stop()`` is true or ``timeout``
+        seconds pass. Returns whether they were spoken."""
+        deadline = time.monotonic() + timeout
+        with self.spoken:
+            while self.phrases_spoken < count:
+                if stop() or time.monotonic() > deadline:
+                    return False
+                self.spoken.wait(poll)
+        return True
 
 
 @dataclass

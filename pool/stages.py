@@ -21,6 +21,7 @@ from . import messages as m
 from . import metrics
 from .backends.vad import SAMPLE_RATE, WINDOW_SAMPLES
 from .ids import new_id
+from .pacing import pace_of
 
 MIN_COMMIT_MS = 100  # input_audio_buffer.commit needs at least this much audio (OpenAI's rule)
 MAX_BUFFER_SECONDS = 15 * 60  # manual-turn input buffer bound
@@ -327,16 +328,15 @@ class PhraseSplitter:
 class LLMStage:
     """Generates a response's text; speakable phrases go to TTS as soon as they are complete.
 
-    After the first phrase, generation pauses until TTS has spoken it (at most
-    FIRST_PHRASE_WAIT seconds): on a small CPU the two would otherwise share the cores and the
-    first audio would come later, while the LLM writes far faster than speech is spoken. A backend
-    that ``resumes`` (llama.cpp) is paused by stopping it and continuing from the text so far;
-    any other by blocking its stream.
+    After each phrase, generation pauses until TTS has spoken it (at most SPEECH_WAIT seconds):
+    on a small CPU the two would otherwise share the cores, the first audio would come later and
+    the listener would hear gaps, while the LLM writes far faster than speech is spoken. A
+    backend that ``resumes`` (llama.cpp) is paused by stopping it and continuing from the text so
+    far; any other by blocking its stream.
     """
 
     name = "llm"
-    FIRST_PHRASE_WAIT = 3.0
-    POLL_SECONDS = 0.02
+    SPEECH_WAIT = 10.0
 
     def __init__(self, backends, tts_inbox):
         self._llm = backends.llm
@@ -344,12 +344,6 @@ class LLMStage:
 
     def end_session(self):
         pass
-
-    def _yield_to_first_phrase(self, ctx, job):
-        deadline = time.monotonic() + self.FIRST_PHRASE_WAIT
-        while not job.first_audio.wait(self.POLL_SECONDS):
-            if job.cancelled.is_set() or ctx.closed or time.monotonic() > deadline:
-                return
 
     def handle(self, ctx, job):
         if job.cancelled.is_set():
@@ -359,10 +353,14 @@ class LLMStage:
         started = job.timings["llm_start"] = time.perf_counter()
         resumes = self._llm.resumes
         said = []  # the reply's text so far
-        pause = False  # a resuming backend stops at the first phrase
+        queued = 0  # phrases sent to TTS
+        pause = False  # a resuming backend stops after each phrase
+
+        def ended():
+            return job.cancelled.is_set() or ctx.closed
 
         def on_text(text):
-            nonlocal pause
+            nonlocal pause, queued
             if "llm_first_text" not in job.timings:
                 job.timings["llm_first_text"] = time.perf_counter()
                 text = text.lstrip()
@@ -371,16 +369,16 @@ class LLMStage:
                 ctx.emit(m.ResponseText(job.response_id, text))
                 return
             for phrase in splitter.push(text):
-                first = "llm_first_phrase" not in job.timings
                 job.timings.setdefault("llm_first_phrase", time.perf_counter())
                 self._tts_inbox.put((ctx, m.Phrase(job, phrase)))
-                if first and resumes:
+                queued += 1
+                if resumes:
                     pause = True
-                elif first:
-                    self._yield_to_first_phrase(ctx, job)
+                else:
+                    job.wait_spoken(queued, self.SPEECH_WAIT, ended)
 
         def should_stop():
-            return pause or job.cancelled.is_set() or ctx.closed
+            return pause or ended()
 
         def on_function_call(name, arguments, call_id=None):
             rest = splitter.flush()  # text said before the call is spoken before it
@@ -389,16 +387,20 @@ class LLMStage:
             self._tts_inbox.put((ctx, m.FunctionCall(job, call_id or new_id("call"), name, arguments)))
 
         error, usage = None, {}
+        request = job.request
         try:
-            usage = self._llm.generate(job.request, on_text, should_stop, on_function_call)
-            if pause:  # stopped at the first phrase: continue once it is spoken
-                self._yield_to_first_phrase(ctx, job)
+            while True:
+                part = self._llm.generate(request, on_text, should_stop, on_function_call)
+                usage = {"input_tokens": usage.get("input_tokens", part.get("input_tokens", 0)),
+                         "output_tokens": usage.get("output_tokens", 0) + part.get("output_tokens", 0)}
+                if not pause:  # finished, or cancelled
+                    break
+                job.wait_spoken(queued, self.SPEECH_WAIT, ended)  # stopped at a phrase: resume once it is spoken
                 pause = False
-                left = job.request.max_output_tokens - usage.get("output_tokens", 0)
-                if left > 0 and not should_stop():
-                    resumed = replace(job.request, prefix="".join(said), max_output_tokens=left)
-                    more = self._llm.generate(resumed, on_text, should_stop, on_function_call)
-                    usage["output_tokens"] = usage.get("output_tokens", 0) + more.get("output_tokens", 0)
+                left = job.request.max_output_tokens - usage["output_tokens"]
+                if left <= 0 or ended():
+                    break
+                request = replace(job.request, prefix="".join(said), max_output_tokens=left)
         except Exception as exc:  # noqa: BLE001 - a model failure fails the response, not the thread
             error = f"{type(exc).__name__}: {exc}"
         rest = splitter.flush()
@@ -413,6 +415,9 @@ class TTSStage:
     """Speaks phrases and sends their audio in DELTA_MS chunks; passes function calls on and
     closes each response, in the order the LLM produced them.
 
+    A phrase longer than the client's unplayed audio lasts is spoken in pieces
+    (``pool.pacing``), so the listener hears no gap while the next piece is synthesized.
+
     Synthesis of one phrase cannot be interrupted (one ONNX run, up to ~1.5 s), so it runs on the
     stage's own worker thread while the stage waits, watching for cancellation: a cancelled or
     closed session frees the stage (and so the drain) within CANCEL_POLL_SECONDS; the worker
@@ -424,6 +429,7 @@ class TTSStage:
 
     def __init__(self, backends, thread_name="tts-worker"):
         self._tts = backends.tts
+        self._pace = pace_of(backends.tts)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
 
     def end_session(self):
@@ -454,18 +460,37 @@ class TTSStage:
             return
         if job.cancelled.is_set():
             return
+        rest = msg.text
+        if not rest.strip():
+            self._send(ctx, job, rest, b"", 0.0, 0.0)
+        while rest.strip() and not job.cancelled.is_set():
+            piece, rest = self._pace.next_piece(rest, self._lead(job))
+            if not self._speak(ctx, job, piece):
+                return
+        job.phrase_spoken()
+
+    @staticmethod
+    def _lead(job):
+        """Seconds of the reply's audio the client holds and has not played (played in real
+        time from the first audio), or None before the first audio."""
+        first = job.timings.get("tts_first_audio")
+        return None if first is None else job.audio_seconds - (time.perf_counter() - first)
+
+    def _speak(self, ctx, job, text):
+        """Synthesize ``text`` and send it; False when the response or session ended meanwhile."""
         started = time.perf_counter()
-        text = msg.text.strip()
-        samples = self._synthesize(ctx, job, text) if text else np.zeros(0, np.float32)
+        samples = self._synthesize(ctx, job, text.strip())
         if samples is None:
-            return
+            return False
+        seconds = time.perf_counter() - started
+        self._pace.observe(len(text.split()), len(samples) / TTS_RATE, seconds)
         if "tts_first_audio" not in job.timings:
             job.timings["tts_first_audio"] = time.perf_counter()
-            job.timings["tts_first_seconds"] = job.timings["tts_first_audio"] - started
+            job.timings["tts_first_seconds"] = seconds
             job.timings["tts_first_audio_seconds"] = len(samples) / TTS_RATE
-            job.first_audio.set()
-        self._send(ctx, job, msg.text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE,
-                   time.perf_counter() - started)
+        job.audio_seconds += len(samples) / TTS_RATE
+        self._send(ctx, job, text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE, seconds)
+        return True
 
     @staticmethod
     def _send(ctx, job, transcript, wire, audio_ms, tts_seconds):

@@ -1,5 +1,5 @@
-"""The LLM stage on the scripted LLM: the first-phrase pause, by stopping and resuming for a
-backend that resumes (llama.cpp) and by blocking for one that does not."""
+"""The LLM stage on the scripted LLM: it pauses after each phrase until TTS has spoken it, by
+stopping and resuming a backend that resumes (llama.cpp) and by blocking one that does not."""
 
 import queue
 import threading
@@ -35,34 +35,37 @@ def _job(max_tokens=50):
     return m.ResponseJob("resp_1", request, "audio", "af_heart", 1.0, encoder=None)
 
 
-def _run(llm, job, after_first_phrase=None):
-    """Runs the stage in a thread; ``after_first_phrase(job)`` is called once TTS got the first
-    phrase. Returns what the stage sent to TTS."""
+def _run(llm, job, on_phrase=None):
+    """Runs the stage in a thread, with a stand-in TTS that speaks each phrase at once; before
+    it does, ``on_phrase(job, index)`` is called (it may cancel). Returns what the stage sent."""
     inbox = queue.Queue()
     stage = LLMStage(SimpleNamespace(llm=llm), inbox)
     thread = threading.Thread(target=stage.handle, args=(Ctx(), job))
     thread.start()
-    sent = [inbox.get(timeout=5)[1]]
-    if after_first_phrase:
-        after_first_phrase(job)
-    while not isinstance(sent[-1], m.JobEnd):
+    sent = []
+    while not sent or not isinstance(sent[-1], m.JobEnd):
         sent.append(inbox.get(timeout=5)[1])
+        if isinstance(sent[-1], m.Phrase):
+            index = sum(isinstance(s, m.Phrase) for s in sent) - 1
+            if on_phrase:
+                on_phrase(job, index)
+            job.phrase_spoken()
     thread.join(5)
     return sent
 
 
-def test_a_resuming_llm_stops_at_the_first_phrase_and_resumes_after_its_audio(script):
+def test_a_resuming_llm_stops_at_each_phrase_and_resumes_once_it_is_spoken(script):
     job = _job()
-    seen = {}
+    requests_at_phrase = []
 
-    def first_phrase_spoken(job):
-        seen["requests"] = len(script.requests)  # the LLM has stopped: one request so far
-        job.first_audio.set()
+    def on_phrase(job, index):
+        requests_at_phrase.append(len(script.requests))  # the LLM has stopped at this phrase
 
-    sent = _run(ScriptedLLM(), job, first_phrase_spoken)
+    sent = _run(ScriptedLLM(), job, on_phrase)
     phrases = [s.text for s in sent if isinstance(s, m.Phrase)]
-    assert "".join(phrases) == REPLY and phrases[0] == "Sure, I can help"
-    assert seen["requests"] == 1 and len(script.requests) == 2
+    assert phrases == ["Sure, I can help", " with that.", " Paris is the capital of France."]
+    # One request per phrase: each ended at a phrase and the next began after it was spoken.
+    assert requests_at_phrase == [1, 2, 3] and len(script.requests) == 3
     resumed = script.requests[1]
     # It stopped where the splitter knew the phrase had ended (one more word with its space).
     assert resumed.prefix == "Sure, I can help with that." and resumed.max_output_tokens == 50 - 6
@@ -71,13 +74,13 @@ def test_a_resuming_llm_stops_at_the_first_phrase_and_resumes_after_its_audio(sc
 
 def test_a_cancel_during_the_pause_does_not_resume(script):
     job = _job()
-    sent = _run(ScriptedLLM(), job, lambda job: job.cancelled.set())
+    sent = _run(ScriptedLLM(), job, lambda job, index: job.cancelled.set())
     assert len(script.requests) == 1 and isinstance(sent[-1], m.JobEnd)
 
 
-def test_max_output_tokens_counts_both_parts(script):
+def test_max_output_tokens_counts_every_part(script):
     job = _job(max_tokens=8)
-    sent = _run(ScriptedLLM(), job, lambda job: job.first_audio.set())
+    sent = _run(ScriptedLLM(), job)
     assert "".join(s.text for s in sent if isinstance(s, m.Phrase)) == "Sure, I can help with that. Paris is"
     assert script.requests[1].max_output_tokens == 2 and sent[-1].usage["output_tokens"] == 8
 
@@ -88,12 +91,13 @@ class BlockingLLM(ScriptedLLM):
 
 def test_a_non_resuming_llm_is_paused_by_blocking_its_stream(script):
     job = _job()
-    seen = {}
+    spoken_before = []
 
-    def first_phrase_spoken(job):
-        seen["requests"] = len(script.requests)
-        job.first_audio.set()
+    def on_phrase(job, index):
+        spoken_before.append(job.phrases_spoken)
 
-    sent = _run(BlockingLLM(), job, first_phrase_spoken)
+    sent = _run(BlockingLLM(), job, on_phrase)
     assert "".join(s.text for s in sent if isinstance(s, m.Phrase)) == REPLY
-    assert seen["requests"] == len(script.requests) == 1
+    assert len(script.requests) == 1
+    # Each phrase was written only after the one before it was spoken.
+    assert spoken_before == list(range(len(spoken_before)))

@@ -1,0 +1,70 @@
+"""How much text the TTS may synthesize at once without the listener hearing a gap.
+
+A client plays a reply's audio in real time from its first delta. While the TTS synthesizes the
+next piece of text, the client plays what it already holds (the *lead*). If the piece takes
+longer to synthesize than the lead lasts, the listener hears silence mid-reply. On a CPU where
+Kokoro's real-time factor is 0.7-0.9 (BENCHMARKS.md), phrases that grow from 4 to 8 to 30 words
+left 3 s of such gaps in a reply; on a fast machine the lead grows with every phrase and no
+phrase needs cutting.
+
+``SpeechPace`` learns the TTS's real-time factor and the speech length of a word from what it
+has synthesized, and cuts a phrase into pieces that fit the lead (at a comma when there is one).
+"""
+
+import re
+import threading
+import weakref
+
+MIN_PIECE_WORDS = 3  # shorter pieces sound clipped and cost Kokoro's fixed time again
+SMOOTHING = 0.3  # weight of the newest measurement in the running estimates
+_WORD = re.compile(r"\S+")
+
+
+class SpeechPace:
+    """Running estimates of the TTS speed, shared by the units of a process (one TTS model).
+
+    ``real_time_factor``: compute seconds per second of audio; ``seconds_per_word``: audio per
+    word. Both start from this machine's measured figures and follow the measurements.
+    """
+
+    def __init__(self, real_time_factor=0.8, seconds_per_word=0.35):
+        self.real_time_factor = real_time_factor
+        self.seconds_per_word = seconds_per_word
+        self._lock = threading.Lock()
+
+    def observe(self, words, audio_seconds, compute_seconds):
+        """Record one synthesis: ``words`` of text became ``audio_seconds`` of speech in
+        ``compute_seconds``."""
+        if words <= 0 or audio_seconds <= 0:
+            return
+        with self._lock:
+            self.real_time_factor += SMOOTHING * (compute_seconds / audio_seconds - self.real_time_factor)
+            self.seconds_per_word += SMOOTHING * (audio_seconds / words - self.seconds_per_word)
+
+    def next_piece(self, text, lead_seconds):
+        """Split ``text`` into (piece to synthesize now, rest). ``lead_seconds``: audio the client
+        holds and has not played yet, or None before the reply's first audio (the first phrase
+        is already short: the LLM stage cuts it so). The piece is the whole text when it fits.
+        Concatenating the two gives back ``text``."""
+        words = list(_WORD.finditer(text))
+        if lead_seconds is None or not words:
+            return text, ""
+        budget = lead_seconds / (self.real_time_factor * self.seconds_per_word)
+        fits = max(MIN_PIECE_WORDS, int(budget))
+        if len(words) <= fits + 1:  # a lone last word is not worth its own synthesis
+            return text, ""
+        cut = words[fits - 1].end()
+        for word in words[MIN_PIECE_WORDS - 1:fits]:  # the last comma within the budget
+            if word.group().endswith(","):
+                cut = word.end()
+        return text[:cut], text[cut:]
+
+
+_PACES = weakref.WeakKeyDictionary()
+_PACES_LOCK = threading.Lock()
+
+
+def pace_of(tts):
+    """The SpeechPace of a TTS backend (one per loaded model, shared by every unit)."""
+    with _PACES_LOCK:
+        return _PACES.setdefault(tts, SpeechPace())

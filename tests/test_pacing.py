@@ -1,0 +1,98 @@
+"""Speech pacing: a phrase is cut to what can be synthesized before the client runs out of
+audio, and the TTS stage speaks it in those pieces."""
+
+import queue
+import time
+from types import SimpleNamespace
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pool import messages as m
+from pool.backends.llm import LLMRequest
+from pool.backends.scripted import ScriptedTTS
+from pool.pacing import MIN_PIECE_WORDS, SpeechPace
+from pool.stages import TTSStage
+from realtime.audio import OutputAudioEncoder
+
+SENTENCE = " The capital of France is Paris, a city of lights, art and very good food."
+
+
+def test_before_the_first_audio_and_with_a_long_lead_the_phrase_is_whole():
+    pace = SpeechPace(real_time_factor=0.8, seconds_per_word=0.35)
+    assert pace.next_piece(SENTENCE, None) == (SENTENCE, "")
+    assert pace.next_piece(SENTENCE, 10.0) == (SENTENCE, "")
+
+
+def test_a_short_lead_cuts_the_phrase_at_a_comma_within_the_budget():
+    pace = SpeechPace(real_time_factor=0.8, seconds_per_word=0.35)
+    piece, rest = pace.next_piece(SENTENCE, 2.0)  # 2.0 / 0.28 = 7 words fit
+    assert piece == " The capital of France is Paris," and piece + rest == SENTENCE
+
+
+def test_no_piece_is_shorter_than_the_minimum_even_with_no_lead():
+    pace = SpeechPace()
+    piece, _ = pace.next_piece(SENTENCE, -1.0)  # the client is already waiting
+    assert len(piece.split()) == MIN_PIECE_WORDS
+
+
+def test_the_estimates_follow_what_the_tts_measured():
+    pace = SpeechPace(real_time_factor=0.8, seconds_per_word=0.35)
+    for _ in range(30):
+        pace.observe(words=10, audio_seconds=3.0, compute_seconds=0.9)
+    assert abs(pace.real_time_factor - 0.3) < 0.01 and abs(pace.seconds_per_word - 0.3) < 0.01
+
+
+@given(st.lists(st.sampled_from(["a", "word,", "longer", "end.", " ", "  "]), max_size=40),
+       st.one_of(st.none(), st.floats(-5, 20)))
+def test_pieces_concatenate_back_to_the_phrase(tokens, lead):
+    text = " ".join(tokens)
+    piece, rest = SpeechPace().next_piece(text, lead)
+    assert piece + rest == text and (piece.strip() or not text.strip())
+
+
+def _speak(phrases, seconds_per_char, real_time_factor=1.0):
+    """The TTS stage speaks ``phrases`` of one response with the scripted TTS; returns the
+    transcripts of the audio events it sent."""
+    from pool.backends.scripted import SCRIPT
+
+    SCRIPT.reset()
+    SCRIPT.seconds_per_char = seconds_per_char
+    tts = ScriptedTTS()
+    stage = TTSStage(SimpleNamespace(tts=tts))
+    stage._pace = SpeechPace(real_time_factor=real_time_factor, seconds_per_word=0.35)
+    events = queue.Queue()
+    ctx = m.SessionContext(events.put)
+    job = m.ResponseJob("resp_1", LLMRequest([], 10), "audio", "alloy", 1.0,
+                        OutputAudioEncoder({"type": "audio/pcm", "rate": 24000}))
+    try:
+        for phrase in phrases:
+            stage.handle(ctx, m.Phrase(job, phrase))
+    finally:
+        stage.stop()
+        SCRIPT.reset()
+    sent = []
+    while not events.empty():
+        sent.append(events.get().transcript)
+    return sent
+
+
+def test_the_tts_stage_speaks_a_long_phrase_in_pieces_when_the_lead_is_short(monkeypatch):
+    # Synthesis at half real time, a one-word first phrase: the lead is too short for the
+    # whole sentence.
+    first, second = "Sure,", SENTENCE
+    real = ScriptedTTS.synthesize
+
+    def slow(self, text, voice, speed=1.0):
+        audio = real(self, text, voice, speed)
+        time.sleep(len(audio) / 24_000 * 0.5)
+        return audio
+
+    monkeypatch.setattr(ScriptedTTS, "synthesize", slow)
+    sent = _speak([first, second], seconds_per_char=0.02)
+    assert sent[0] == first and "".join(sent[1:]) == second and len(sent) > 2
+
+
+def test_the_tts_stage_keeps_phrases_whole_when_synthesis_is_far_ahead():
+    sent = _speak(["Sure, I can help.", SENTENCE], seconds_per_char=0.05, real_time_factor=0.05)
+    assert sent == ["Sure, I can help.", SENTENCE]
