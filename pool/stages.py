@@ -31,7 +31,8 @@ NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (Silero's get_spe
 # does not interrupt. Silero's get_speech_timestamps uses 250 ms; shorter keeps a quick "No.".
 MIN_SPEECH_MS = 160
 # Speculative transcription: at this much silence the speech so far is transcribed, so a turn that
-# ends at this pause has its transcript ready (or under way) when the silence commits it.
+# ends at this pause has its transcript ready (or under way) when the silence commits it. With
+# an end-of-turn model it starts halfway to the model's check, which may commit at once.
 SPECULATE_MS = 200
 TTS_RATE = 24_000  # Hz, what the TTS backends return
 
@@ -165,11 +166,12 @@ class VADStage:
         self._buffer, self._speech_item = [], None
 
     def _maybe_speculate(self, ctx, td):
-        """At the first SPECULATE_MS of a pause (shorter than the turn's silence), transcribe the
+        """Early in a pause (SPECULATE_MS, shorter than the turn's silence), transcribe the
         speech so far: the STT keeps the result for the commit, which reuses it when nothing but
         silence came between."""
-        if (self._speculated is not None or td["silence_ms"] <= SPECULATE_MS
-                or self._silence * 1000 < SPECULATE_MS * SAMPLE_RATE):
+        at_ms = min(SPECULATE_MS, td["check_ms"] // 2) if td["check_ms"] else SPECULATE_MS
+        if (self._speculated is not None or td["silence_ms"] <= at_ms
+                or self._silence * 1000 < at_ms * SAMPLE_RATE):
             return
         audio = np.concatenate(self._buffer)
         self._speculated = len(audio)

@@ -200,3 +200,17 @@ def test_the_stt_stage_answers_a_commit_from_its_speculation_only_when_it_matche
     stage.end_session()
     stage.handle(ctx, m.Transcribe("item_3", audio, "en", speculated_samples=4000))
     assert events[-1].transcript == "heard 16000 samples"
+
+
+def test_semantic_vad_speculates_before_its_end_of_turn_check(backends):
+    """Smart Turn may commit at its check (200 ms into a pause): the transcript has started
+    100 ms before, and the commit reuses it."""
+    speculations = []
+    events, transcribe = run_vad(backends, silence_ms=sc.EAGERNESS_SILENCE_MS["auto"],
+                                 check_ms=sc.END_OF_TURN_CHECK_MS, speculations=speculations)
+    assert transcribe and all(t.speculated_samples is not None for t in transcribe)
+    by_item = {s.item_id: s for s in speculations}
+    stopped = {e.item_id: e for e in events if isinstance(e, m.SpeechStopped)}
+    for t in transcribe:
+        silence_ms = (len(by_item[t.item_id].audio) - len(t.audio)) / 16  # negative: cut before
+        assert -sc.END_OF_TURN_CHECK_MS < silence_ms <= -50, (silence_ms, stopped[t.item_id])
