@@ -44,6 +44,15 @@ def test_the_default_gguf_runs_on_llama_cpp(gguf):
     assert isinstance(load_llm({**DEFAULTS, "LLM_MODEL": None}, gguf), LlamaCppLLM)
 
 
+def test_backends_share_one_server_and_dropping_one_does_not_hang(gguf):
+    """xllamacpp 2026.10 can deadlock destroying a server right after it started (CI hung in
+    this module): a model loads once per process, and every backend with the same parameters
+    uses that server."""
+    first = LlamaCppLLM(gguf, threads=2, slots=2)
+    for _ in range(5):
+        assert LlamaCppLLM(gguf, threads=2, slots=2)._server is first._server
+
+
 def test_llama_cpp_streams_a_reply(llama):
     chunks, usage = _run(llama, _request())
     text = "".join(chunks)

@@ -8,11 +8,12 @@ with ``tool_calls``, and ``{"role": "tool", "tool_call_id", "content"}`` functio
 "parameters"}``).
 """
 
+import atexit
 import json
 import logging
 import shutil
 import tempfile
-import weakref
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,8 +138,8 @@ class LlamaCppLLM:
     copy of the weights.
 
     xllamacpp always starts llama.cpp's HTTP listener. It is bound to a Unix socket in a private
-    temporary folder (mode 0700, removed with the backend) instead of a loopback TCP port, so no
-    other user of the machine can reach it.
+    temporary folder (mode 0700, removed at exit) instead of a loopback TCP port, so no other
+    user of the machine can reach it. Backends with the same parameters share one server.
 
     ``resumes``: the LLM stage pauses a reply by stopping it and continuing later from
     ``LLMRequest.prefix``; the prompt cache makes the continuation cost only the new tokens.
@@ -151,21 +152,7 @@ class LlamaCppLLM:
     REPEAT_PENALTY = 1.1  # as TransformersLLM's repetition_penalty
 
     def __init__(self, path, threads=2, slots=2):
-        import xllamacpp
-
-        params = xllamacpp.CommonParams()
-        params.model.path = str(path)
-        params.n_parallel = slots
-        params.n_ctx = self.CONTEXT_TOKENS * slots
-        params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
-        params.verbosity = 1  # errors only: llama.cpp logs every request at its default level
-        self._socket_dir = tempfile.mkdtemp(prefix="s2s-llama-")
-        params.hostnames = [str(Path(self._socket_dir) / "llama.sock")]
-        weakref.finalize(self, shutil.rmtree, self._socket_dir, True)
-        try:
-            self._server = xllamacpp.Server(params)
-        except Exception as exc:  # xllamacpp says only "Failed to init server"
-            raise RuntimeError(f"llama.cpp could not load {path}: is it a GGUF model?") from exc
+        self._server, self._socket_dir = _llama_server(str(path), threads, slots, self.CONTEXT_TOKENS)
 
     def generate(self, request, on_text, should_stop, on_function_call=None):
         tools = request.offered_tools() if on_function_call else []
@@ -203,6 +190,36 @@ class LlamaCppLLM:
         # A stopped stream sends no usage: each streamed chunk is one token.
         usage["output_tokens"] = max(usage["output_tokens"], usage.pop("streamed", 0))
         return usage
+
+
+_LLAMA_SERVERS = {}  # (path, threads, slots, context) -> (xllamacpp.Server, socket folder)
+_LLAMA_LOCK = threading.Lock()
+
+
+def _llama_server(path, threads, slots, context_tokens):
+    """The process's llama.cpp server for these parameters, started on first use and kept for
+    the life of the process: a model loads once per process, and xllamacpp 2026.10 can deadlock
+    in its destructor when a server is dropped soon after it started (seen in CI)."""
+    key = (path, threads, slots, context_tokens)
+    with _LLAMA_LOCK:
+        if key not in _LLAMA_SERVERS:
+            import xllamacpp
+
+            params = xllamacpp.CommonParams()
+            params.model.path = path
+            params.n_parallel = slots
+            params.n_ctx = context_tokens * slots
+            params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
+            params.verbosity = 1  # errors only: llama.cpp logs every request at its default level
+            socket_dir = tempfile.mkdtemp(prefix="s2s-llama-")
+            params.hostnames = [str(Path(socket_dir) / "llama.sock")]
+            atexit.register(shutil.rmtree, socket_dir, True)
+            try:
+                server = xllamacpp.Server(params)
+            except Exception as exc:  # xllamacpp says only "Failed to init server"
+                raise RuntimeError(f"llama.cpp could not load {path}: is it a GGUF model?") from exc
+            _LLAMA_SERVERS[key] = (server, socket_dir)
+        return _LLAMA_SERVERS[key]
 
 
 class TransformersLLM:
