@@ -1,7 +1,8 @@
 """Settings of the stand-alone server: SQLite and the in-memory channel layer by default.
 
 Environment variables: ``DATABASE_URL`` and ``REDIS_URL`` (PostgreSQL and channels-redis, for
-several processes), ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` (comma
+several processes), ``DJANGO_SECRET_KEY`` (else a random key kept in ``DJANGO_SECRET_KEY_FILE``,
+by default ``~/.config/s2s-realtime/secret_key``), ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` (comma
 separated), ``S2S_POOL_SIZE``, ``S2S_BACKEND``, ``S2S_CACHE_DIR``, ``S2S_LLM_BASE_URL``,
 ``S2S_LLM_API_KEY``, ``S2S_LLM_API_MODEL``, and ``S2S_JSON`` (any ``S2S`` keys as a JSON object). Everything the apps read is in the ``S2S`` dict,
 documented in ``pool/conf.py``.
@@ -19,7 +20,27 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-local-development-key")
+
+
+def _secret_key_from_file():
+    """A random key made on first use and kept, mode 0600, outside the repository: there is no
+    built-in key that a deployment could forget to replace. Several processes on one machine
+    share the file; several machines need one ``DJANGO_SECRET_KEY`` (settings_production)."""
+    from django.core.management.utils import get_random_secret_key
+
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    path = Path(os.environ.get("DJANGO_SECRET_KEY_FILE") or config / "s2s-realtime" / "secret_key")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as file:
+        file.write(get_random_secret_key())
+    return path.read_text().strip()
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _secret_key_from_file()
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]").split(",")
 
