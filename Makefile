@@ -21,8 +21,10 @@ install: $(STAMP)
 	$(PY) manage.py prepare_models
 	$(PY) manage.py migrate --noinput -v0
 
+# The local quick start: clients need no API key (runpool --allow-anonymous). A deployment runs
+# runpool without it (README, "Deploying").
 serve: install
-	$(PY) manage.py runpool --host $(HOST) --port $(PORT)
+	$(PY) manage.py runpool --host $(HOST) --port $(PORT) --allow-anonymous
 
 # The browser tests drive Debian's Chromium; as root, install it when it is missing.
 browser:

@@ -1,4 +1,5 @@
-"""Who may open a session: API keys, anonymous access on loopback, browser origins.
+"""Who may open a session: API keys, explicit anonymous access, browser origins, the client's
+address behind trusted proxies, and a per-address connect rate.
 
 Keys travel as ``Authorization: Bearer <key>`` (SDKs) or as the WebSocket subprotocol
 ``openai-insecure-api-key.<key>`` (browsers cannot set headers). A string that is not shaped like
@@ -7,9 +8,12 @@ so they are stored as their sha256: a fast hash is enough for high-entropy secre
 GitHub stores tokens); only the first characters are kept in clear to recognise a key.
 """
 
+import collections
+import functools
 import hashlib
 import ipaddress
 import secrets
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -52,25 +56,98 @@ def key_from_scope(scope):
 
 
 def client_address(scope):
-    client = scope.get("client") or (None, None)
-    return client[0]
+    """The client's IP address: the socket's peer, or, when that peer is one of
+    ``TRUSTED_PROXIES``, the address the proxies name (``Forwarded``, RFC 7239, else
+    ``X-Forwarded-For``). The header is read right to left, skipping trusted proxies, so a client
+    cannot pass a made-up address through a proxy that appends to it. None when unknown."""
+    peer = (scope.get("client") or (None, None))[0]
+    trusted = _trusted_networks()
+    if peer is None or not _in(peer, trusted):
+        return peer
+    hops = _forwarded_for(_header(scope, b"forwarded")) or [
+        hop.strip() for hop in _header(scope, b"x-forwarded-for").split(",") if hop.strip()]
+    for hop in reversed(hops):
+        if not _in(hop, trusted):
+            return hop
+    return hops[0] if hops else peer
 
 
-def _is_loopback(host):
+def _header(scope, name):
+    """Every value of header ``name`` (lower-case bytes), joined by commas as HTTP allows."""
+    return ",".join(value.decode("latin-1") for key, value in scope.get("headers", []) if key == name)
+
+
+def _forwarded_for(value):
+    """The ``for=`` addresses of a ``Forwarded`` header, in order: ``for=192.0.2.7;proto=https,
+    for="[2001:db8::1]:4711"`` -> ["192.0.2.7", "2001:db8::1"]."""
+    hops = []
+    for element in value.split(","):
+        for pair in element.split(";"):
+            name, _, node = pair.strip().partition("=")
+            if name.lower() != "for":
+                continue
+            node = node.strip('"')
+            if node.startswith("["):
+                node = node[1:node.find("]")]
+            elif node.count(":") == 1:  # IPv4 with a port
+                node = node.partition(":")[0]
+            hops.append(node)
+    return hops
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_networks(entries):
+    return tuple(ipaddress.ip_network(entry, strict=False) for entry in entries)
+
+
+def _trusted_networks():
+    return _parse_networks(tuple(get_config()["TRUSTED_PROXIES"]))
+
+
+def _in(address, networks):
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except (TypeError, ValueError):
-        return host == "localhost"
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in networks)
 
 
-def anonymous_allowed(scope):
-    """``ALLOW_ANONYMOUS``: True, False, or "loopback" (default): allowed when the server socket
-    the client reached is a loopback address - the local quick start, never a public bind."""
-    rule = get_config()["ALLOW_ANONYMOUS"]
-    if rule == "loopback":
-        server = scope.get("server") or (None, None)
-        return _is_loopback(server[0])
-    return bool(rule)
+def anonymous_allowed():
+    """Clients without a key are served only when ``ALLOW_ANONYMOUS`` is True (set in ``S2S``, or
+    by ``runpool --allow-anonymous``, the local quick start). Never inferred from an address."""
+    return get_config()["ALLOW_ANONYMOUS"] is True
+
+
+class ConnectRate:
+    """At most ``CONNECTS_PER_MINUTE`` new sessions per client address in any 60 s, in this
+    process (a sliding window of connect times). Memory is bounded by the addresses seen in the
+    last minute: older ones are dropped as the table is swept."""
+
+    WINDOW = 60.0  # seconds
+
+    def __init__(self):
+        self._times = {}  # address -> deque of monotonic connect times, oldest first
+        self._next_sweep = 0.0
+
+    def allow(self, address, now=None):
+        """Count a connect from ``address``; False when it is over the limit (not counted)."""
+        limit = get_config()["CONNECTS_PER_MINUTE"]
+        if limit is None or address is None:
+            return True
+        now = time.monotonic() if now is None else now
+        if now >= self._next_sweep:
+            self._sweep(now)
+        times = self._times.setdefault(address, collections.deque())
+        while times and times[0] <= now - self.WINDOW:
+            times.popleft()
+        if len(times) >= limit:
+            return False
+        times.append(now)
+        return True
+
+    def _sweep(self, now):
+        self._times = {a: t for a, t in self._times.items() if t and t[-1] > now - self.WINDOW}
+        self._next_sweep = now + self.WINDOW
 
 
 def origin_allowed(scope):

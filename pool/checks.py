@@ -1,11 +1,49 @@
 """System checks: what a host project misconfigured, said before the first client connects."""
 
+import difflib
 import importlib.util
+import ipaddress
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"
+
+
+@register()
+def check_settings(app_configs, **kwargs):
+    """``settings.S2S``: an unknown key is a warning with the nearest known one, a value of the
+    wrong type an error (as ``debug_toolbar.apps.check_settings`` holds DEBUG_TOOLBAR_CONFIG)."""
+    from .conf import DEFAULTS, OPTIONAL, expected_type
+
+    user = getattr(settings, "S2S", {})
+    if not isinstance(user, dict):
+        return [Error("settings.S2S must be a dict.", id="pool.E004")]
+    problems = []
+    for key, value in user.items():
+        if key not in DEFAULTS:
+            near = difflib.get_close_matches(key, DEFAULTS, n=1)
+            problems.append(Warning(f"S2S has an unknown key {key!r}.", id="pool.W003",
+                                    hint=f"Did you mean {near[0]!r}?" if near else "The keys are in pool/conf.py."))
+            continue
+        kinds = expected_type(key)
+        wrong_bool = isinstance(value, bool) and kinds is not bool
+        if (value is None and key in OPTIONAL) or (isinstance(value, kinds) and not wrong_bool):
+            continue
+        names = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+        hint = None
+        if key == "ALLOW_ANONYMOUS" and value == "loopback":
+            hint = ("'loopback' is gone: behind a reverse proxy on the same host every client is on "
+                    "loopback. Use True only for a machine of your own (runpool --allow-anonymous).")
+        problems.append(Error(f"S2S[{key!r}] must be {names}{' or None' if key in OPTIONAL else ''}; "
+                              f"got {value!r}.", hint=hint, id="pool.E005"))
+    for entry in user.get("TRUSTED_PROXIES") or []:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except (TypeError, ValueError):
+            problems.append(Error(f"S2S['TRUSTED_PROXIES'] has {entry!r}, not an address or network.",
+                                  hint='e.g. "127.0.0.1", "10.0.0.0/8", "::1"', id="pool.E006"))
+    return problems
 
 
 @register()

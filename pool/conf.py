@@ -57,9 +57,17 @@ DEFAULTS = {
     # Process heartbeat in the database, and the silence after which a process counts as lost.
     "HEARTBEAT_SECONDS": 5.0,
     "LOST_AFTER_SECONDS": 30.0,
-    # Who may connect: API keys always; anonymous clients when True, never when False, and with
-    # "loopback" only on a server socket bound to a loopback address (the local quick start).
-    "ALLOW_ANONYMOUS": "loopback",
+    # Who may connect: API keys always; clients without a key only when this is True. Never
+    # inferred from addresses: behind a reverse proxy on the same host every client arrives from
+    # loopback. The local quick start (`make serve`) turns it on with `runpool --allow-anonymous`.
+    "ALLOW_ANONYMOUS": False,
+    # Addresses or networks (e.g. "127.0.0.1", "10.0.0.0/8") of reverse proxies whose
+    # X-Forwarded-For / Forwarded headers name the client; from anyone else they are ignored.
+    "TRUSTED_PROXIES": [],
+    # New sessions one client address may open per minute, per process (None: no limit).
+    "CONNECTS_PER_MINUTE": 60,
+    # A session is closed (error session_expired, close 1000) after this long; OpenAI's limit.
+    "MAX_SESSION_SECONDS": 60 * 60,
     # Browser origins allowed to connect (host names, as ALLOWED_HOSTS); None: ALLOWED_HOSTS.
     "ALLOWED_ORIGINS": None,
     # Where the WebSocket endpoint is mounted, for the browser page (a host site may use a prefix).
@@ -97,14 +105,45 @@ DEFAULTS = {
 }
 
 
+_PATH = (str, os.PathLike)
+# Keys that may be None, and their type when set; every other key has its default's type
+# (a float key also takes an int). ``pool.checks`` holds ``settings.S2S`` to these.
+OPTIONAL = {
+    "VAD_MODEL": _PATH, "STT_MODEL": _PATH, "LLM_MODEL": _PATH, "TTS_MODEL": _PATH,
+    "TURN_MODEL": _PATH, "TTS_VOICES": _PATH, "LLM_BASE_URL": str, "STATUS_TOKEN": str,
+    "ALLOWED_ORIGINS": (list, tuple), "IDLE_TIMEOUT_SECONDS": (int, float),
+    "CONNECTS_PER_MINUTE": int, "MAX_SESSION_SECONDS": (int, float),
+}
+
+
+def expected_type(key):
+    """The type (or tuple of types) a value of ``key`` must have; None is checked by the caller."""
+    if key in OPTIONAL:
+        return OPTIONAL[key]
+    if key == "MODEL_CACHE_DIR":
+        return _PATH
+    default = DEFAULTS[key]
+    return (int, float) if isinstance(default, float) else type(default)
+
+
+_PROCESS = {}  # set by `runpool` options, over settings.S2S
+
+
+def set_for_process(**values):
+    """Override keys for this process only (``runpool --allow-anonymous``)."""
+    _PROCESS.update(values)
+    get_config.cache_clear()
+
+
 @functools.cache
 def get_config():
-    """Return the effective settings: ``DEFAULTS`` updated with ``settings.S2S``.
+    """Return the effective settings: ``DEFAULTS`` updated with ``settings.S2S``, then with
+    ``set_for_process``.
 
     ``THREADS`` is merged key by key so a host can override one library's thread count.
     """
     user = dict(getattr(settings, "S2S", {}))
-    config = {**DEFAULTS, **user}
+    config = {**DEFAULTS, **user, **_PROCESS}
     config["THREADS"] = {**DEFAULTS["THREADS"], **user.get("THREADS", {})}
     return config
 

@@ -105,7 +105,9 @@ class Session(models.Model):
         "active", "draining", "ended", "quarantined", "released", "lost")
     STATES = [(s, s) for s in (ACTIVE, DRAINING, ENDED, QUARANTINED, RELEASED, LOST)]
     CLIENT_CLOSE, IDLE_TIMEOUT, SHUTDOWN, ERROR = "client_close", "idle_timeout", "shutdown", "error"
-    END_REASONS = [(r, r.replace("_", " ")) for r in (CLIENT_CLOSE, IDLE_TIMEOUT, SHUTDOWN, ERROR, LOST)]
+    SESSION_EXPIRED = "session_expired"  # MAX_SESSION_SECONDS
+    END_REASONS = [(r, r.replace("_", " "))
+                   for r in (CLIENT_CLOSE, IDLE_TIMEOUT, SESSION_EXPIRED, SHUTDOWN, ERROR, LOST)]
 
     session_id = models.CharField(max_length=64, unique=True)
     process = models.ForeignKey(ServerProcess, null=True, on_delete=models.SET_NULL, related_name="sessions")

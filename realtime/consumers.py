@@ -39,6 +39,7 @@ CLAIM_SETTLE_SECONDS = 0.05  # a full pool is asked twice, this far apart, befor
 
 LIVE = weakref.WeakSet()  # consumers with a claimed unit, for shutdown
 KEY_SESSIONS = collections.Counter()  # API key id -> open sessions in this process
+CONNECT_RATE = auth.ConnectRate()  # new sessions per client address, in this process
 
 
 class RealtimeConsumer(AsyncWebsocketConsumer):
@@ -59,6 +60,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self.loop = asyncio.get_running_loop()
         self.outbox = asyncio.Queue()
         session_id = new_id("sess")
+        self.client_address = auth.client_address(self.scope)
         # The pool is built once per process (runpool builds it before serving); only the very
         # first connect of an embedding site pays for loading the models, off the event loop.
         self.registry = local_registry() or await asyncio.to_thread(get_registry)
@@ -87,7 +89,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         LIVE.add(self)
         metrics.SESSIONS_STARTED.labels(metrics.PROCESS).inc()
         self.registry.records.session_started(session_id, self.unit.index, self.api_key_id,
-                                              auth.client_address(self.scope))
+                                              self.client_address)
         config = get_config()
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
         defaults = {
@@ -105,21 +107,25 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self.ctx = self.unit.begin(self._from_pipeline)
         self.session = RealtimeSession(session_id, self.unit, self.outbox.put_nowait, defaults)
         self.session.start()
-        self.last_client_event = time.monotonic()
-        if config["IDLE_TIMEOUT_SECONDS"]:
-            self.watchdog = asyncio.create_task(self._idle_watchdog(config["IDLE_TIMEOUT_SECONDS"]))
+        self.started = self.last_client_event = time.monotonic()
+        if config["IDLE_TIMEOUT_SECONDS"] or config["MAX_SESSION_SECONDS"]:
+            self.watchdog = asyncio.create_task(
+                self._watchdog(config["IDLE_TIMEOUT_SECONDS"], config["MAX_SESSION_SECONDS"]))
         log.info("session %s started on unit %s", session_id, self.unit.index)
 
     async def _authorize(self):
         """Origin and API key checks; returns a ``pool.auth.Refusal`` or None. On success with a
         key, the key's session is counted (``_release_key`` undoes it)."""
         self.api_key_id = None
+        if not CONNECT_RATE.allow(self.client_address):
+            return auth.Refusal("rate_limit_exceeded", "Too many new sessions from this address; "
+                                f"at most {get_config()['CONNECTS_PER_MINUTE']} a minute.")
         if not auth.origin_allowed(self.scope):
             return auth.Refusal("origin_not_allowed", "This origin may not connect to this server.")
         key = auth.key_from_scope(self.scope)
         if key is None or not auth.is_server_key(key):
             # No key, or a placeholder that is not one of ours (SDKs insist on some api_key).
-            if auth.anonymous_allowed(self.scope):
+            if auth.anonymous_allowed():
                 return None
             if key is not None:
                 return auth.Refusal("invalid_api_key", "Incorrect API key provided.")
@@ -186,15 +192,24 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         if self.session is not None:
             self.session.handle_client_event(event)
 
-    async def _idle_watchdog(self, timeout):
+    async def _watchdog(self, idle_timeout, max_seconds):
+        """End the session when the client has been silent ``idle_timeout`` s or the session has
+        lasted ``max_seconds`` (either None: no such limit), with an ``error`` and close 1000."""
         while True:
-            idle = time.monotonic() - self.last_client_event
-            if idle >= timeout:
+            now = time.monotonic()
+            if max_seconds and now - self.started >= max_seconds:
                 self.session.send_error(ProtocolError(
-                    "idle_timeout", f"No client event for {timeout:g} s; closing the session."))
+                    "session_expired", f"Your session hit the maximum duration of {max_seconds:g} seconds."))
+                await self.end("session_expired", CLOSE_NORMAL)
+                return
+            if idle_timeout and now - self.last_client_event >= idle_timeout:
+                self.session.send_error(ProtocolError(
+                    "idle_timeout", f"No client event for {idle_timeout:g} s; closing the session."))
                 await self.end("idle_timeout", CLOSE_NORMAL)
                 return
-            await asyncio.sleep(timeout - idle)
+            deadlines = [self.started + max_seconds if max_seconds else None,
+                         self.last_client_event + idle_timeout if idle_timeout else None]
+            await asyncio.sleep(min(d for d in deadlines if d is not None) - now)
 
     async def end(self, reason, code):
         """Server-side end of the session: flush queued events, then close with ``code``."""

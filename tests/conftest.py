@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from channels.testing import WebsocketCommunicator
 
@@ -9,6 +11,9 @@ from .helpers import Client
 from .live import LiveServer
 
 
+# The session-wide live servers take every test's connects from one address, faster than the
+# default CONNECTS_PER_MINUTE (60) allows; test_production tests that default.
+MANY_CONNECTS = {"S2S_JSON": json.dumps({"CONNECTS_PER_MINUTE": None})}
 SCRIPTED = {"BACKEND": "scripted", "POOL_SIZE": 2, "RELEASE_AFTER_SECONDS": 2.0, "ALLOW_ANONYMOUS": True}
 
 
@@ -56,7 +61,7 @@ def connect():
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """A live runpool server with the real default models, a pool of one unit, an admin user."""
-    live = LiveServer(tmp_path_factory.mktemp("server"))
+    live = LiveServer(tmp_path_factory.mktemp("server"), env=MANY_CONNECTS)
     live.create_admin()
     yield live
     assert live.stop() == 0
@@ -65,7 +70,8 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def scripted_server(tmp_path_factory):
     """A live runpool server on the scripted test backend, pool of 2, with an admin user."""
-    live = LiveServer(tmp_path_factory.mktemp("scripted"), pool_size=2, env={"S2S_BACKEND": "scripted"})
+    live = LiveServer(tmp_path_factory.mktemp("scripted"), pool_size=2,
+                      env={"S2S_BACKEND": "scripted", **MANY_CONNECTS})
     live.create_admin()
     yield live
     assert live.stop() == 0

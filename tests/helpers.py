@@ -110,3 +110,27 @@ def check_turns_answered(events, stale_audio_allowed=False):
                 f"audio of {e['response_id']}, created before the speech at event {latest_speech}, "
                 f"reached the client at event {i}")
     return [item for _, item in committed], status
+
+
+async def open_socket(headers=(), subprotocols=None, server=("10.0.0.5", 8000), client=("192.0.2.7", 50000)):
+    """A connected Client whose scope has a server socket and a client (peer) address, as
+    Daphne sets them (channels' communicator sets neither); returns (client, subprotocol)."""
+    from channels.testing import WebsocketCommunicator
+
+    from s2s_project.asgi import application
+
+    communicator = WebsocketCommunicator(application, "/v1/realtime", headers=list(headers),
+                                         subprotocols=subprotocols)
+    communicator.scope["server"] = server
+    communicator.scope["client"] = client
+    connected, subprotocol = await communicator.connect()
+    assert connected  # always accepted: refusals are an error event and close 1008
+    return Client(communicator), subprotocol
+
+
+async def refused_with(client):
+    """The code of the ``error`` a refused connect gets; asserts the close 1008 that follows."""
+    error = await client.recv()
+    assert error["type"] == "error"
+    assert await client.ws.receive_output(2) == {"type": "websocket.close", "code": 1008}
+    return error["error"]["code"]

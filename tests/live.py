@@ -22,8 +22,10 @@ def _free_port():
 class LiveServer:
     """``manage.py runpool`` in a subprocess with its own SQLite file, ready once /healthz answers."""
 
-    def __init__(self, folder, pool_size=1, env=None, args=(), prefix=""):
-        """``prefix``: where the host project mounts the apps ("" for s2s_project, "/voice")."""
+    def __init__(self, folder, pool_size=1, env=None, args=("--allow-anonymous",), prefix="", migrate=True):
+        """``args``: runpool's options beyond port and pool size; by default those of the local
+        quick start (``make serve``). ``prefix``: where the host project mounts the apps
+        ("" for s2s_project, "/voice"). ``migrate=False``: leave a fresh database to runpool."""
         self.port = _free_port()
         self.prefix = prefix
         self.base_url = f"ws://127.0.0.1:{self.port}{prefix}/v1"
@@ -31,7 +33,8 @@ class LiveServer:
         self.log = folder / "server.log"
         env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), **(env or {})}
         self.env = env
-        self.manage("migrate", "--noinput", "-v0")
+        if migrate:
+            self.manage("migrate", "--noinput", "-v0")
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
@@ -51,11 +54,12 @@ class LiveServer:
             return False
 
     def manage(self, *args, env=None):
-        """Run a management command against this server's database."""
+        """Run a management command against this server's database; returns its stdout."""
         run = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**self.env, **(env or {})},
                              capture_output=True, text=True)
         if run.returncode:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{run.stderr[-3000:]}")
+        return run.stdout
 
     ADMIN = ("admin", "admin-pw")
 

@@ -1,7 +1,8 @@
 """API keys, anonymous access and browser origins, through the WebSocket endpoint."""
 
+import asyncio
+
 import pytest
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
@@ -9,7 +10,8 @@ from django.utils import timezone
 from pool.auth import hash_key
 from pool.models import APIKey, Session
 
-from .helpers import Client
+from .helpers import open_socket, refused_with
+from .live import LiveServer
 
 
 @pytest.fixture
@@ -17,25 +19,6 @@ def keyed_pool(recorded_pool, settings):
     """The recorded scripted pool with anonymous access off."""
     settings.S2S = {**settings.S2S, "ALLOW_ANONYMOUS": False, "POOL_SIZE": 1}
     return recorded_pool
-
-
-async def open_socket(headers=(), subprotocols=None, server=("10.0.0.5", 8000)):
-    from s2s_project.asgi import application
-
-    communicator = WebsocketCommunicator(application, "/v1/realtime", headers=list(headers),
-                                         subprotocols=subprotocols)
-    communicator.scope["server"] = server
-    communicator.scope["client"] = ("192.0.2.7", 50000)
-    connected, subprotocol = await communicator.connect()
-    assert connected  # always accepted: refusals are an error event and close 1008
-    return Client(communicator), subprotocol
-
-
-async def refused_with(client):
-    error = await client.recv()
-    assert error["type"] == "error"
-    assert await client.ws.receive_output(2) == {"type": "websocket.close", "code": 1008}
-    return error["error"]["code"]
 
 
 async def issue(**kwargs):
@@ -110,14 +93,39 @@ async def test_foreign_origin_is_refused_and_an_allowed_one_passes(settings):
     await client.ws.disconnect()
 
 
-@pytest.mark.usefixtures("keyed_pool")
-async def test_anonymous_is_allowed_on_a_loopback_server_only(settings):
-    settings.S2S = {**settings.S2S, "ALLOW_ANONYMOUS": "loopback"}
-    client, _ = await open_socket(server=("127.0.0.1", 8000))
+async def test_by_default_a_client_without_a_key_is_refused_even_on_loopback(recorded_pool, settings):
+    # A reverse proxy on the same host makes every internet client a loopback client.
+    settings.S2S = {k: v for k, v in settings.S2S.items() if k != "ALLOW_ANONYMOUS"}
+    loopback = {"server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 41000)}
+    client, _ = await open_socket(**loopback)
+    assert await refused_with(client) == "missing_api_key"
+    client, _ = await open_socket([(b"authorization", b"Bearer local")], **loopback)
+    assert await refused_with(client) == "invalid_api_key"
+    settings.S2S = {**settings.S2S, "ALLOW_ANONYMOUS": True}
+    client, _ = await open_socket(**loopback)
     assert (await client.recv())["type"] == "session.created"
     await client.ws.disconnect()
-    client, _ = await open_socket(server=("0.0.0.0", 8000))
-    assert await refused_with(client) == "missing_api_key"
+
+
+def test_runpool_behind_a_same_host_proxy_serves_keyed_clients_only(tmp_path):
+    """The reported case: runpool on 0.0.0.0 without --allow-anonymous, reached through
+    127.0.0.1 as a proxy on the same host would, with the openai SDK."""
+    from openai import AsyncOpenAI
+
+    live = LiveServer(tmp_path, env={"S2S_BACKEND": "scripted"}, args=("--host", "0.0.0.0"))
+    try:
+        key = live.manage("apikey", "create", "proxy test").strip()
+
+        async def first_event(api_key):
+            client = AsyncOpenAI(api_key=api_key, websocket_base_url=live.base_url)
+            async with client.realtime.connect(model="s2s-default") as conn:
+                return await conn.recv()
+
+        refused = asyncio.run(first_event("local"))
+        assert (refused.type, refused.error.code) == ("error", "invalid_api_key")
+        assert asyncio.run(first_event(key)).type == "session.created"
+    finally:
+        assert live.stop() == 0
 
 
 @pytest.mark.django_db

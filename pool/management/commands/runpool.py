@@ -1,5 +1,6 @@
 """``manage.py runpool``: load the models, build the pool and serve HTTP and WebSocket (Daphne)."""
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -7,9 +8,12 @@ import signal
 from channels.routing import get_default_application
 from daphne.endpoints import build_endpoint_description_strings
 from daphne.server import Server
+from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 
-from pool.conf import get_config
+from pool.conf import get_config, set_for_process
 from pool.prepare import PreparationError
 from pool.registry import build_registry, set_registry
 
@@ -23,12 +27,21 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--pool-size", type=int, help="units in the pool (default: S2S['POOL_SIZE'])")
+        parser.add_argument("--allow-anonymous", action="store_true",
+                            help="serve clients without an API key (the local quick start; "
+                                 "S2S['ALLOW_ANONYMOUS'] = True does the same)")
+        parser.add_argument("--migrate", action=argparse.BooleanOptionalAction, default=None,
+                            help="apply pending migrations before serving (default: on for SQLite only; "
+                                 "a shared database is migrated once, by the operator)")
 
     def handle(self, *args, **options):
+        if options["allow_anonymous"]:
+            set_for_process(ALLOW_ANONYMOUS=True)
         config = get_config()
         size = options["pool_size"] or config["POOL_SIZE"]
         if size < 1:
             raise CommandError("--pool-size must be at least 1")
+        self._migrate(options["migrate"])
         try:
             registry = build_registry(config, size)  # prepares the model cache first when needed
         except PreparationError as exc:
@@ -56,6 +69,21 @@ class Command(BaseCommand):
             registry.shutdown()
             log.info("pool stopped")
 
+    @staticmethod
+    def _migrate(migrate):
+        """Apply pending migrations (``migrate`` None: only on SQLite, a database of its own) or
+        stop with one line saying so - never a traceback from the first query of a fresh database."""
+        executor = MigrationExecutor(connection)
+        if not executor.migration_plan(executor.loader.graph.leaf_nodes()):
+            return
+        if migrate is None:
+            migrate = connection.vendor == "sqlite"
+        if not migrate:
+            raise CommandError("The database has unapplied migrations: run `manage.py migrate` "
+                               "(or `runpool --migrate`) first.")
+        log.info("applying migrations to %s", connection.settings_dict["NAME"])
+        call_command("migrate", interactive=False, verbosity=0)
+
     def _ready(self, registry, config, options, size):
         from twisted.internet import reactor
 
@@ -75,6 +103,9 @@ class Command(BaseCommand):
             lambda: asyncio.ensure_future(serve_control(registry, registry.records.control_channel)))
         log.info("pool of %d units serving on http://%s:%d (WebSocket /v1/realtime)", size,
                  options["host"], options["port"])
+        if config["ALLOW_ANONYMOUS"] is True:
+            log.warning("clients without an API key are served (ALLOW_ANONYMOUS): for a machine of "
+                        "your own, not behind a public proxy")
 
     @staticmethod
     async def _shutdown(registry, config):

@@ -1,0 +1,176 @@
+"""Safe to run in production: client addresses only from trusted proxies, a connect rate per
+address, a session length limit, settings checked, a secret key that is never a constant, a
+production settings profile that passes ``check --deploy``, runpool on a fresh database.
+(Anonymous access is in ``test_access_control``.)"""
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+from django.core.management.utils import get_random_secret_key
+
+from pool import auth
+from pool.models import Session
+from realtime import consumers
+
+from .helpers import open_socket, refused_with
+from .live import ROOT, LiveServer
+
+
+def scope(peer, headers=()):
+    return {"client": (peer, 50000), "headers": [(k, v.encode()) for k, v in headers]}
+
+
+def test_forwarded_addresses_are_believed_only_from_trusted_proxies(settings):
+    settings.S2S = {"TRUSTED_PROXIES": ["127.0.0.1", "10.0.0.0/8"]}
+    spoofed = [(b"x-forwarded-for", "203.0.113.9")]
+    assert auth.client_address(scope("198.51.100.4", spoofed)) == "198.51.100.4"
+    assert auth.client_address(scope("127.0.0.1", spoofed)) == "203.0.113.9"
+    # Read right to left past trusted hops: what the client wrote itself is on the left.
+    chain = [(b"x-forwarded-for", "6.6.6.6, 203.0.113.9, 10.1.2.3")]
+    assert auth.client_address(scope("127.0.0.1", chain)) == "203.0.113.9"
+    two_headers = [(b"x-forwarded-for", "6.6.6.6"), (b"x-forwarded-for", "203.0.113.9")]
+    assert auth.client_address(scope("127.0.0.1", two_headers)) == "203.0.113.9"
+    forwarded = [(b"forwarded", 'for=6.6.6.6, for="[2001:db8::7]:4711";proto=https')]
+    assert auth.client_address(scope("10.0.0.2", forwarded)) == "2001:db8::7"
+    assert auth.client_address(scope("127.0.0.1", [(b"forwarded", "for=192.0.2.1:80")])) == "192.0.2.1"
+    assert auth.client_address(scope("127.0.0.1")) == "127.0.0.1"
+    settings.S2S = {}
+    assert auth.client_address(scope("127.0.0.1", spoofed)) == "127.0.0.1"
+
+
+def test_the_default_connect_rate_allows_60_a_minute_per_address():
+    rate = auth.ConnectRate()
+    assert all(rate.allow("192.0.2.1", now=t * 0.5) for t in range(60))
+    assert not rate.allow("192.0.2.1", now=30.0)
+    assert rate.allow("192.0.2.2", now=30.0)
+    assert rate.allow("192.0.2.1", now=60.1)  # the first connect left the window
+    rate.allow("192.0.2.3", now=200.0)  # sweeps addresses silent for a minute
+    assert set(rate._times) == {"192.0.2.3"}
+
+
+async def test_connects_over_the_rate_are_refused_per_client_address(scripted_pool, settings):
+    settings.S2S = {**settings.S2S, "CONNECTS_PER_MINUTE": 2, "TRUSTED_PROXIES": ["127.0.0.1"]}
+    proxy = {"client": ("127.0.0.1", 40000)}
+
+    async def served(**where):
+        client, _ = await open_socket(**where)
+        created = (await client.recv())["type"] == "session.created"
+        await client.ws.disconnect()
+        return created
+
+    assert await served(client=("198.51.100.1", 1))
+    assert await served(headers=[(b"x-forwarded-for", b"198.51.100.1")], **proxy)
+    client, _ = await open_socket(client=("198.51.100.1", 1))
+    assert await refused_with(client) == "rate_limit_exceeded"
+    client, _ = await open_socket(headers=[(b"x-forwarded-for", b"198.51.100.1")], **proxy)
+    assert await refused_with(client) == "rate_limit_exceeded"
+    assert await served(client=("198.51.100.2", 1))
+    assert await served(headers=[(b"x-forwarded-for", b"198.51.100.3")], **proxy)
+
+
+async def test_the_session_row_records_the_address_a_trusted_proxy_names(recorded_pool, settings):
+    settings.S2S = {**settings.S2S, "TRUSTED_PROXIES": ["127.0.0.1"]}
+    client, _ = await open_socket([(b"x-forwarded-for", b"203.0.113.50")], client=("127.0.0.1", 1))
+    session_id = (await client.recv())["session"]["id"]
+    await client.ws.disconnect()
+    assert recorded_pool.records.flush()
+    assert (await Session.objects.aget(session_id=session_id)).client_address == "203.0.113.50"
+
+
+async def test_a_session_past_its_maximum_length_ends_with_an_error_and_a_normal_close(
+        recorded_pool, connect, settings):
+    settings.S2S = {**settings.S2S, "MAX_SESSION_SECONDS": 0.5}
+    client = await connect()
+    session_id = (await client.until("session.created"))["session"]["id"]
+    for _ in range(3):  # a talking client is closed too: this is not the idle timeout
+        await client.send({"type": "input_audio_buffer.clear"})
+        await client.until("input_audio_buffer.cleared")
+    error = await client.until("error", timeout=3)
+    assert error["error"]["code"] == "session_expired"
+    assert await client.ws.receive_output(2) == {"type": "websocket.close", "code": 1000}
+    await client.ws.disconnect()
+    assert recorded_pool.records.flush()
+    row = await Session.objects.aget(session_id=session_id)
+    assert (row.end_reason, row.close_code) == ("session_expired", 1000)
+
+
+def test_settings_checks_name_unknown_keys_wrong_types_and_the_old_loopback_rule(settings):
+    from pool.checks import check_settings
+
+    settings.S2S = {"ALLOW_ANONYMOUS": "loopback", "POOL_SIZ": 2, "POOL_SIZE": True,
+                    "TRUSTED_PROXIES": ["10.0.0.0/8", "proxy.local"], "CONNECTS_PER_MINUTE": None,
+                    "RELEASE_AFTER_SECONDS": 5, "STT_MODEL": ROOT}
+    problems = check_settings(None)
+    assert sorted(p.id for p in problems) == ["pool.E005", "pool.E005", "pool.E006", "pool.W003"]
+    by_key = {p.msg.split("]")[0]: p for p in problems if p.id == "pool.E005"}
+    assert "proxy" in by_key["S2S['ALLOW_ANONYMOUS'"].hint
+    assert "must be int" in by_key["S2S['POOL_SIZE'"].msg
+    assert next(p for p in problems if p.id == "pool.W003").hint == "Did you mean 'POOL_SIZE'?"
+    assert "proxy.local" in next(p for p in problems if p.id == "pool.E006").msg
+
+
+def test_the_projects_own_settings_pass_the_checks():
+    from pool.checks import check_settings
+
+    assert check_settings(None) == []
+
+
+def _python(code, env):
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={k: v for k, v in {**os.environ, **env}.items() if v is not None})
+    return run
+
+
+SECRET_KEY = "import django; django.setup(); from django.conf import settings; print(settings.SECRET_KEY)"
+
+
+def test_without_a_configured_secret_key_each_machine_makes_and_keeps_a_random_one(tmp_path):
+    env = {"DJANGO_SETTINGS_MODULE": "s2s_project.settings", "DJANGO_SECRET_KEY": None,
+           "DJANGO_SECRET_KEY_FILE": None, "XDG_CONFIG_HOME": str(tmp_path / "a")}
+    first = _python(SECRET_KEY, env).stdout.strip()
+    path = tmp_path / "a" / "s2s-realtime" / "secret_key"
+    assert len(first) >= 50 and path.read_text() == first
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert _python(SECRET_KEY, env).stdout.strip() == first
+    other = _python(SECRET_KEY, {**env, "XDG_CONFIG_HOME": str(tmp_path / "b")}).stdout.strip()
+    assert len(other) >= 50 and other != first
+
+
+def test_the_production_profile_passes_check_deploy_and_requires_a_key(tmp_path):
+    env = {"DJANGO_SETTINGS_MODULE": "s2s_project.settings_production",
+           "DJANGO_SECRET_KEY": get_random_secret_key(), "DJANGO_ALLOWED_HOSTS": "voice.example.com",
+           "S2S_SQLITE_PATH": str(tmp_path / "db.sqlite3")}
+    check = [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"]
+    run = subprocess.run(check, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **env})
+    assert run.returncode == 0, run.stderr
+    env.pop("DJANGO_SECRET_KEY")
+    run = subprocess.run(check, cwd=ROOT, capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "DJANGO_SECRET_KEY"} | env)
+    assert run.returncode != 0 and "DJANGO_SECRET_KEY must be set" in run.stderr
+
+
+def test_runpool_migrates_a_fresh_sqlite_database_and_serves(tmp_path):
+    live = LiveServer(tmp_path, env={"S2S_BACKEND": "scripted"}, migrate=False)
+    try:
+        assert live.query("select count(*) from pool_unit") == [(1,)]
+    finally:
+        assert live.stop() == 0
+
+
+def test_runpool_told_not_to_migrate_says_so_in_one_line(tmp_path):
+    env = {**os.environ, "S2S_BACKEND": "scripted", "S2S_SQLITE_PATH": str(tmp_path / "db.sqlite3")}
+    run = subprocess.run([sys.executable, "manage.py", "runpool", "--no-migrate", "--port", "1"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        "CommandError: The database has unapplied migrations: run `manage.py migrate` "
+        "(or `runpool --migrate`) first.")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_connect_rate(monkeypatch):
+    monkeypatch.setattr(consumers, "CONNECT_RATE", auth.ConnectRate())
