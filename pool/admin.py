@@ -68,7 +68,8 @@ admin.site.register(QuarantinedUnit, UnitAdmin)
 
 @admin.register(ServerProcess)
 class ServerProcessAdmin(ReadOnlyAdmin):
-    list_display = ["__str__", "state", "pool_size", "started_at", "heartbeat_at", "stopped_at"]
+    list_display = ["__str__", "state", "pool_size", "started_at", "heartbeat_at", "longest_heartbeat_gap",
+                    "stopped_at"]
     list_filter = ["state", "host"]
 
 

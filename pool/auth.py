@@ -169,8 +169,12 @@ def origin_allowed(scope):
 
 @dataclass
 class Refusal:
+    """Why a connect gets no session: the ``error`` event's code and message, and the close code
+    (1008, policy violation, unless the condition is temporary)."""
+
     code: str
     message: str
+    close_code: int = 1008
 
 
 def check_key(key, process_id):

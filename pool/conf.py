@@ -68,6 +68,9 @@ DEFAULTS = {
     "CONNECTS_PER_MINUTE": 60,
     # A session is closed (error session_expired, close 1000) after this long; OpenAI's limit.
     "MAX_SESSION_SECONDS": 60 * 60,
+    # A client that leaves the server's writes unread this long (its connection's buffer full)
+    # is closed with error client_too_slow and 1008, so its replies do not pile up in memory.
+    "SLOW_CLIENT_SECONDS": 20.0,
     # Browser origins allowed to connect (host names, as ALLOWED_HOSTS); None: ALLOWED_HOSTS.
     "ALLOWED_ORIGINS": None,
     # Where the WebSocket endpoint is mounted, for the browser page (a host site may use a prefix).

@@ -21,6 +21,10 @@ class ServerProcess(models.Model):
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
+    longest_heartbeat_gap = models.FloatField(
+        null=True, blank=True, verbose_name="longest heartbeat gap (s)",
+        help_text="The longest time between two recorded heartbeats: a database outage or a "
+                  "stalled process shows here.")
     control_channel = models.CharField(max_length=100, blank=True,
                                        help_text="Channel-layer channel on which this process takes operator commands.")
 
@@ -105,9 +109,9 @@ class Session(models.Model):
         "active", "draining", "ended", "quarantined", "released", "lost")
     STATES = [(s, s) for s in (ACTIVE, DRAINING, ENDED, QUARANTINED, RELEASED, LOST)]
     CLIENT_CLOSE, IDLE_TIMEOUT, SHUTDOWN, ERROR = "client_close", "idle_timeout", "shutdown", "error"
-    SESSION_EXPIRED = "session_expired"  # MAX_SESSION_SECONDS
-    END_REASONS = [(r, r.replace("_", " "))
-                   for r in (CLIENT_CLOSE, IDLE_TIMEOUT, SESSION_EXPIRED, SHUTDOWN, ERROR, LOST)]
+    SESSION_EXPIRED, CLIENT_TOO_SLOW = "session_expired", "client_too_slow"  # realtime.consumers
+    END_REASONS = [(r, r.replace("_", " ")) for r in (
+        CLIENT_CLOSE, IDLE_TIMEOUT, SESSION_EXPIRED, CLIENT_TOO_SLOW, SHUTDOWN, ERROR, LOST)]
 
     session_id = models.CharField(max_length=64, unique=True)
     process = models.ForeignKey(ServerProcess, null=True, on_delete=models.SET_NULL, related_name="sessions")

@@ -1,7 +1,8 @@
 """The recorder: one thread per process that writes pool and session rows.
 
 Callers (the consumer on the event loop, the registry from stage threads) only put a small
-message on a queue and never wait for the database. The queue carries a handful of lifecycle
+message on a queue and never wait for the database. The thread writes what has queued up in one
+transaction, and keeps it queued through a database outage until the database is back. The queue carries a handful of lifecycle
 messages per session (start, end, each unit state change), so its growth is bounded by the rate
 of sessions, not by audio. The thread also heart-beats the process row and closes, as ``lost``,
 the open sessions of processes whose heartbeat stopped (a crash, a kill -9, a lost host).
@@ -15,13 +16,22 @@ import threading
 import time
 from datetime import timedelta
 
-from django.db import OperationalError, close_old_connections, connection, transaction
+from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
-WRITE_ATTEMPTS = 4  # a write that meets a locked database is retried after 0.1, 0.2, 0.4 s
+BATCH = 200  # messages written per transaction
+RETRY_MAX_SECONDS = 5.0  # the longest pause between attempts while the database is unavailable
+MAX_PENDING = 20_000  # messages kept while the database is down (a session makes about six)
+
+
+class _Flush:
+    """A marker in the queue: ``done`` is set once every message before it is written."""
+
+    def __init__(self, done):
+        self.done = done
 
 
 class NoRecords:
@@ -51,19 +61,21 @@ class Records(NoRecords):
         self.heartbeat_seconds = heartbeat_seconds
         self.lost_after_seconds = lost_after_seconds
         self._queue = queue.Queue()
+        self.outage_since = None  # monotonic time of the first refused write of an outage
+        self.dropped = 0  # messages dropped past MAX_PENDING
         self._thread = threading.Thread(target=self._run, daemon=True, name="pool-records")
 
     # --- called from anywhere, never blocking -----------------------------------------------
 
     def session_started(self, session_id, unit_index, api_key_id=None, client_address=None):
-        self._queue.put((self._session_started, (session_id, unit_index, api_key_id, client_address,
+        self._put((self._session_started, (session_id, unit_index, api_key_id, client_address,
                                                  timezone.now())))
 
     def session_ended(self, session_id, reason, close_code, counts):
-        self._queue.put((self._session_ended, (session_id, reason, close_code, counts, timezone.now())))
+        self._put((self._session_ended, (session_id, reason, close_code, counts, timezone.now())))
 
     def unit_changed(self, unit, old, new, session_id):
-        self._queue.put((self._unit_changed, (unit.index, old, new, session_id, timezone.now())))
+        self._put((self._unit_changed, (unit.index, old, new, session_id, timezone.now())))
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -80,6 +92,7 @@ class Records(NoRecords):
         Unit.objects.bulk_create([Unit(process=process, index=u.index, state=u.state, state_since=now)
                                   for u in units])
         self.process_id = process.pk
+        self._beat_written, self._longest_gap = now, 0.0
         connection.close()  # the recorder thread keeps its own connection from here on
         self._thread.start()
 
@@ -93,49 +106,93 @@ class Records(NoRecords):
     def flush(self, timeout=5.0):
         """Wait until every message queued so far is written (tests, shutdown)."""
         done = threading.Event()
-        self._queue.put((done.set, ()))
+        self._queue.put(_Flush(done))
         return done.wait(timeout)
 
+    def _put(self, write):
+        if self._queue.qsize() >= MAX_PENDING:  # the database has been down for long
+            self.dropped += 1
+            if self.dropped == 1:
+                log.error("pool records: %d writes wait for the database; dropping new ones "
+                          "until it is back (sessions go on)", MAX_PENDING)
+            return
+        self._queue.put(write)
+
     def _run(self):
-        last_beat = timezone.now()
+        last_beat = time.monotonic()
         while True:
-            try:
-                item = self._queue.get(timeout=self.heartbeat_seconds)
-            except queue.Empty:
-                item = None
-            if item is _STOP:
-                self._write(self._stopped)
+            batch = self._next_batch()
+            stopping = _STOP in batch
+            if time.monotonic() - last_beat >= self.heartbeat_seconds or stopping:
+                batch.append((self._stopped if stopping else self._heartbeat, ()))
+                last_beat = time.monotonic()
+            self._commit([item for item in batch if isinstance(item, tuple)])
+            for item in batch:
+                if isinstance(item, _Flush):
+                    item.done.set()
+            if stopping:
                 connection.close()
                 return
-            if item is not None:
-                self._write(item[0], *item[1])
-            if (timezone.now() - last_beat).total_seconds() >= self.heartbeat_seconds:
-                self._write(self._heartbeat)
-                last_beat = timezone.now()
 
-    @staticmethod
-    def _write(fn, *args):
-        close_old_connections()
-        for attempt in range(WRITE_ATTEMPTS):
+    def _next_batch(self):
+        """The messages waiting now (up to BATCH), after waiting up to a heartbeat for one."""
+        try:
+            batch = [self._queue.get(timeout=self.heartbeat_seconds)]
+        except queue.Empty:
+            return []
+        while len(batch) < BATCH and batch[-1] is not _STOP:
             try:
-                fn(*args)
-                return
-            except OperationalError as exc:  # SQLite "database is locked" by another writer
-                if attempt == WRITE_ATTEMPTS - 1:
-                    log.error("pool records: %s failed: %s", getattr(fn, "__name__", fn), exc)
-                    return
-                time.sleep(0.1 * 2 ** attempt)
-            except Exception:  # noqa: BLE001 - a failed write is logged; the pool goes on
-                log.exception("pool records: %s failed", getattr(fn, "__name__", fn))
-                return
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _commit(self, writes):
+        """Write ``writes`` (``(fn, args)`` pairs) in one transaction: one commit for a burst.
+
+        A database that cannot be reached or written (PostgreSQL down, SQLite locked, a full
+        disk, a read-only file) is retried with a growing pause (up to RETRY_MAX_SECONDS) until it
+        takes the writes: nothing is lost in an outage, and the outage is logged once when it
+        starts and once when it ends. Any other error (a bug, a bad row) writes the batch one by
+        one, so only the bad write is lost, with its traceback."""
+        pause = 0.1
+        while writes:
+            close_old_connections()
+            try:
+                with transaction.atomic():
+                    for fn, args in writes:
+                        fn(*args)
+            except (OperationalError, InterfaceError) as exc:
+                connection.close()  # a broken connection is not reused
+                if self.outage_since is None:
+                    self.outage_since = time.monotonic()
+                    log.error("pool records: the database refused a write (%s); retrying until it "
+                              "is back, sessions go on", str(exc).strip())
+                time.sleep(pause)
+                pause = min(2 * pause, RETRY_MAX_SECONDS)
+                continue
+            except Exception:  # noqa: BLE001 - one bad write must not take the batch with it
+                for fn, args in writes:
+                    try:
+                        with transaction.atomic():
+                            fn(*args)
+                    except Exception:  # noqa: BLE001
+                        log.exception("pool records: %s failed", getattr(fn, "__name__", fn))
+            if self.outage_since is not None:
+                log.warning("pool records: the database is back after %.1f s; %d writes caught up",
+                            time.monotonic() - self.outage_since, len(writes))
+                self.outage_since = None
+            return
 
     # --- on the recorder thread ----------------------------------------------------------------
 
     def _session_started(self, session_id, unit_index, api_key_id, client_address, now):
         from .models import Session
 
-        Session.objects.create(session_id=session_id, process_id=self.process_id, unit_index=unit_index,
-                               created_at=now, api_key_id=api_key_id, client_address=client_address)
+        # get_or_create: a batch whose commit was cut off by an outage may be written again.
+        Session.objects.get_or_create(session_id=session_id, defaults=dict(
+            process_id=self.process_id, unit_index=unit_index, created_at=now, api_key_id=api_key_id,
+            client_address=client_address))
 
     def _session_ended(self, session_id, reason, close_code, counts, now):
         from .models import Session
@@ -162,8 +219,18 @@ class Records(NoRecords):
     def _heartbeat(self):
         from .models import ServerProcess
 
-        ServerProcess.objects.filter(pk=self.process_id).update(heartbeat_at=timezone.now())
+        now = timezone.now()
+        gap = (now - self._beat_written).total_seconds()
+        fields = {"heartbeat_at": now}
+        if gap > max(self._longest_gap, 2 * self.heartbeat_seconds):  # late, and the latest yet
+            fields["longest_heartbeat_gap"] = round(gap, 1)
+        ServerProcess.objects.filter(pk=self.process_id).update(**fields)
+        transaction.on_commit(lambda: self._beat_written_at(now, gap))
         self._mark_lost()
+
+    def _beat_written_at(self, now, gap):
+        self._beat_written = now
+        self._longest_gap = max(self._longest_gap, gap)
 
     def _stopped(self):
         from .models import ServerProcess, Session

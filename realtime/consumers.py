@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.db import DatabaseError
 
 from pool import auth, metrics
 from pool.conf import get_config
@@ -27,12 +28,14 @@ from pool.registry import get_registry, local_registry
 
 from .errors import ProtocolError
 from .events import parse_client_frame
+from .flow import WriteFlow
 from .session import RealtimeSession
 
 log = logging.getLogger(__name__)
 
 SUBPROTOCOL = "realtime"
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY_VIOLATION = 1000, 1001, 1008
+CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455 registry: a temporary server condition
 SUBMIT_RETRY_SECONDS = 0.005  # back-pressure poll while the unit's input queue is full
 SUBMIT_WAIT_LIMIT = 5.0  # then the event is refused with server_busy
 CLAIM_SETTLE_SECONDS = 0.05  # a full pool is asked twice, this far apart, before refusing
@@ -66,7 +69,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self.registry = local_registry() or await asyncio.to_thread(get_registry)
         refusal = await self._authorize()
         if refusal is not None:
-            await self._refuse(refusal.code, refusal.message)
+            await self._refuse(refusal.code, refusal.message, refusal.close_code)
             return
         if not self.registry.accepting:
             await self._refuse("server_shutting_down", "This server is shutting down; connect again.",
@@ -103,6 +106,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             "backchannel_words": config["BACKCHANNEL_WORDS"],
             "backchannel_prompt": config["BACKCHANNEL_PROMPT"],
         }
+        self.flow = WriteFlow(self.base_send)
         self.sender = asyncio.create_task(self._send_loop())
         self.ctx = self.unit.begin(self._from_pipeline)
         self.session = RealtimeSession(session_id, self.unit, self.outbox.put_nowait, defaults)
@@ -131,7 +135,12 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
                 return auth.Refusal("invalid_api_key", "Incorrect API key provided.")
             return auth.Refusal("missing_api_key", "An API key is required: send 'Authorization: Bearer "
                                 "<key>' or the subprotocol 'openai-insecure-api-key.<key>'.")
-        api_key, refusal = await database_sync_to_async(auth.check_key)(key, self.registry.records.process_id)
+        try:
+            api_key, refusal = await database_sync_to_async(auth.check_key)(key, self.registry.records.process_id)
+        except DatabaseError:
+            log.warning("an API key could not be checked: the database is unavailable")
+            return auth.Refusal("database_unavailable", "The server cannot check API keys right now; "
+                                "try again shortly.", CLOSE_TRY_AGAIN_LATER)
         if refusal is not None:
             return refusal
         if api_key.max_sessions is not None and api_key.open_elsewhere + KEY_SESSIONS[api_key.pk] >= api_key.max_sessions:
@@ -163,9 +172,23 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             self.session.handle_pipeline_event(event)
 
     async def _send_loop(self):
+        """Send queued events in order, no faster than the client reads (``realtime.flow``)."""
+        limit = get_config()["SLOW_CLIENT_SECONDS"]
         while True:
             event = await self.outbox.get()
+            if not await self.flow.wait_writable(limit):
+                await self._drop_slow_client(limit)
+                return
             await self.send(text_data=json.dumps(event))
+
+    async def _drop_slow_client(self, limit):
+        """The client has left the server's writes unread for ``limit`` s: close, with an error
+        it may still read, instead of holding its replies in memory."""
+        log.warning("session %s: the client read nothing for %g s; closing", self.session.id, limit)
+        self.end_reason, self.close_code = "client_too_slow", CLOSE_POLICY_VIOLATION
+        error = ProtocolError("client_too_slow", f"The client read no server event for {limit:g} s.")
+        await self.send(json.dumps({"type": "error", "event_id": new_id("event"), "error": error.to_error()}))
+        await self.close(code=CLOSE_POLICY_VIOLATION)
 
     async def receive(self, text_data=None, bytes_data=None):
         if self.session is None:

@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _free_port():
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -26,7 +27,7 @@ class LiveServer:
         """``args``: runpool's options beyond port and pool size; by default those of the local
         quick start (``make serve``). ``prefix``: where the host project mounts the apps
         ("" for s2s_project, "/voice"). ``migrate=False``: leave a fresh database to runpool."""
-        self.port = _free_port()
+        self.port = free_port()
         self.prefix = prefix
         self.base_url = f"ws://127.0.0.1:{self.port}{prefix}/v1"
         self.db = folder / "db.sqlite3"

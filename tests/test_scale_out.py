@@ -17,16 +17,10 @@ import psycopg
 import pytest
 import websockets
 
-from .live import LiveServer
+from .live import LiveServer, free_port
 
 pytestmark = pytest.mark.e2e
 PG = "postgresql://postgres@127.0.0.1:5432"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Redis:

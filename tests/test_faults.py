@@ -1,0 +1,233 @@
+"""Faults a production server meets, over real Daphne servers on the scripted test backend (the
+models are not the point): a process killed with SIGKILL, PostgreSQL down during live sessions, a
+stage that hangs, a client that stops reading."""
+
+import asyncio
+import glob
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psycopg
+import pytest
+import websockets
+
+from .live import LiveServer, free_port
+
+SCRIPTED = {"S2S_BACKEND": "scripted"}
+
+
+def _query(db, sql):
+    with sqlite3.connect(db) as connection:
+        return connection.execute(sql).fetchall()
+
+
+def _until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.1)
+
+
+async def _session(server):
+    ws = await websockets.connect(f"{server.base_url}/realtime")
+    created = json.loads(await ws.recv())
+    assert created["type"] == "session.created"
+    return ws, created["session"]["id"]
+
+
+async def _answered(ws):
+    await ws.send(json.dumps({"type": "response.create"}))
+    while (event := json.loads(await ws.recv()))["type"] != "response.done":
+        pass
+    return event["response"]["status"] == "completed"
+
+
+async def test_a_killed_process_is_lost_with_its_sessions_and_no_other_process_is_touched(tmp_path):
+    db = tmp_path / "shared.sqlite3"
+    env = {**SCRIPTED, "S2S_SQLITE_PATH": str(db),
+           "S2S_JSON": json.dumps({"HEARTBEAT_SECONDS": 0.5, "LOST_AFTER_SECONDS": 3})}
+    servers = {}
+    for name in "abc":
+        (tmp_path / name).mkdir()
+    servers["a"] = await asyncio.to_thread(LiveServer, tmp_path / "a", env=env)
+    servers["b"] = await asyncio.to_thread(LiveServer, tmp_path / "b", env=env)
+    try:
+        a, b = servers["a"], servers["b"]
+        ws_a, session_a = await _session(a)
+        ws_b, session_b = await _session(b)
+        row_a = f"select count(*) from pool_session where session_id = '{session_a}'"
+        await asyncio.to_thread(_until, lambda: _query(db, row_a) == [(1,)], 10, "the recorder wrote the row")
+        a.process.kill()  # SIGKILL: no drain, no last write
+        process = f"select state from pool_serverprocess where pid = {a.process.pid}"
+        await asyncio.to_thread(_until, lambda: _query(db, process) == [("lost",)], 3 + 10,
+                                "the killed process is lost")
+        assert _query(db, f"select state, end_reason from pool_session where session_id = '{session_a}'") == [
+            ("lost", "lost")]
+        # The pool page lists units of running processes only: the killed one's are gone from it.
+        live_units = ("select p.pid, u.state from pool_unit u join pool_serverprocess p on u.process_id = p.id "
+                      "where p.state = 'running'")
+        assert _query(db, live_units) == [(b.process.pid, "active")]
+        assert _query(db, f"select state, ended_at from pool_session where session_id = '{session_b}'") == [
+            ("active", None)]
+        assert await _answered(ws_b)  # the other process's session goes on
+        await ws_b.close()
+        await ws_a.close()
+        # A new process on the same host and database starts cleanly and serves.
+        servers["c"] = await asyncio.to_thread(LiveServer, tmp_path / "c", env=env)
+        ws_c, _ = await _session(servers["c"])
+        assert await _answered(ws_c)
+        await ws_c.close()
+        states = dict(_query(db, "select pid, state from pool_serverprocess"))
+        assert states == {a.process.pid: "lost", b.process.pid: "running", servers["c"].process.pid: "running"}
+    finally:
+        for name in "bc":
+            if name in servers:
+                assert servers[name].stop() == 0
+
+
+async def test_a_hanging_stage_quarantines_its_unit_and_the_other_unit_keeps_serving(tmp_path):
+    env = {**SCRIPTED, "S2S_JSON": json.dumps({"RELEASE_AFTER_SECONDS": 1.0})}
+    server = await asyncio.to_thread(LiveServer, tmp_path, pool_size=2, env=env)
+    try:
+        stuck, stuck_id = await _session(server)
+        await stuck.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "__wedge__"}]}}))
+        await stuck.send(json.dumps({"type": "response.create"}))
+        while json.loads(await stuck.recv())["type"] != "response.created":
+            pass
+        await stuck.close()  # mid-response: the LLM stage is stuck inside generate
+        row = f"select state from pool_session where session_id = '{stuck_id}'"
+        await asyncio.to_thread(_until, lambda: server.query(row) == [("quarantined",)], 10,
+                                "the hanging unit is quarantined")
+        for _ in range(3):
+            ws, _ = await _session(server)
+            assert await _answered(ws)
+            await ws.close()
+        def health():
+            return json.loads(urllib.request.urlopen(f"{server.http_url}/healthz", timeout=5).read())
+
+        await asyncio.to_thread(_until, lambda: health()["idle"] == 1, 10, "the serving unit is idle")
+        assert health()["pool_size"] == 2  # and the quarantined one stays out of service
+    finally:
+        assert server.stop() == 0
+
+
+async def test_a_client_that_stops_reading_is_closed_and_its_unit_freed(tmp_path):
+    """A client that never reads: the server's writes back up to Twisted's buffer, the session
+    is closed after SLOW_CLIENT_SECONDS with client_too_slow, and the unit serves again."""
+    env = {**SCRIPTED, "S2S_JSON": json.dumps({"SLOW_CLIENT_SECONDS": 2})}
+    server = await asyncio.to_thread(LiveServer, tmp_path, env=env)
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no receive-window autotuning
+        sock.connect(("127.0.0.1", server.port))
+        # max_queue=1: the client library stops reading the socket once one message is unread.
+        ws = await websockets.connect(f"{server.base_url}/realtime", sock=sock, max_queue=1, max_size=None)
+        text = "word " * 20_000  # 100 kB, echoed in conversation.item.added and .done
+        for _ in range(100):
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+        ended = "select end_reason, close_code from pool_session"
+        await asyncio.to_thread(_until, lambda: server.query(ended) == [("client_too_slow", 1008)], 60,
+                                "the session of the client that stopped reading ends")
+        ws.transport.abort()
+        ws, _ = await _session(server)
+        assert await _answered(ws)
+        await ws.close()
+    finally:
+        assert server.stop() == 0
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the test's own (initdb in ``folder``, a free port), to stop and
+    start at will without touching the machine's. As root it runs as the ``postgres`` user."""
+
+    def __init__(self):
+        binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+        if not binaries and not shutil.which("pg_ctl"):
+            pytest.fail("PostgreSQL's server binaries (pg_ctl, initdb) are needed")
+        self.bin = os.path.dirname(binaries[-1]) if binaries else os.path.dirname(shutil.which("pg_ctl"))
+        # Not under pytest's tmp_path: the postgres user cannot enter root's 0700 folders.
+        self.data, self.port = Path(tempfile.mkdtemp(prefix="s2s-pg-")), free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        if os.geteuid() == 0:
+            shutil.chown(self.data, "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        self.start()
+
+    def _run(self, tool, *args, check=True):
+        command = [os.path.join(self.bin, tool), *args]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=check, capture_output=True, timeout=120)
+
+    def start(self):
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.data / "log"), "-o",
+                  f"-p {self.port} -h 127.0.0.1 -k {self.data} -c fsync=off", "start")
+
+    def stop(self):
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-m", "fast", "stop")
+
+    def remove(self):
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-m", "immediate", "stop", check=False)
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+async def test_sessions_go_on_through_a_postgresql_outage_and_no_record_is_lost(tmp_path):
+    postgres = await asyncio.to_thread(PrivatePostgres)
+    env = {**SCRIPTED, "DATABASE_URL": postgres.url, "S2S_JSON": json.dumps({"HEARTBEAT_SECONDS": 0.5})}
+    server = None
+    try:
+        server = await asyncio.to_thread(LiveServer, tmp_path, pool_size=2, env=env)
+        key = (await asyncio.to_thread(server.manage, "apikey", "create", "outage")).strip()
+        first, first_id = await _session(server)
+        outage = time.monotonic()
+        await asyncio.to_thread(postgres.stop)
+        # A key cannot be checked without the database: a clear, temporary refusal.
+        async with websockets.connect(f"{server.base_url}/realtime",
+                                      additional_headers={"Authorization": f"Bearer {key}"}) as keyed:
+            error = json.loads(await keyed.recv())
+            assert error["error"]["code"] == "database_unavailable"
+            with pytest.raises(websockets.ConnectionClosed):
+                await keyed.recv()
+            assert keyed.close_code == 1013
+        assert await _answered(first)  # sessions go on: nothing on their path waits for the database
+        await first.close()
+        second, second_id = await _session(server)
+        assert await _answered(second)
+        await second.close()
+        third, third_id = await _session(server)
+        await asyncio.sleep(max(0.0, 10 - (time.monotonic() - outage)))
+        await asyncio.to_thread(postgres.start)
+
+        def rows():
+            with psycopg.connect(postgres.url) as db:
+                return dict((r[0], r[1:]) for r in db.execute(
+                    "select session_id, state, end_reason from pool_session").fetchall())
+
+        expected = {first_id: ("ended", "client_close"), second_id: ("ended", "client_close"),
+                    third_id: ("active", "")}  # the keyed client was refused: it had no session
+        await asyncio.to_thread(_until, lambda: rows() == expected, 30, "every session row is written")
+        assert await _answered(third)
+        await third.close()
+        async with websockets.connect(f"{server.base_url}/realtime",
+                                      additional_headers={"Authorization": f"Bearer {key}"}) as keyed:
+            assert json.loads(await keyed.recv())["type"] == "session.created"
+        with psycopg.connect(postgres.url) as db:
+            gap, state = db.execute("select longest_heartbeat_gap, state from pool_serverprocess").fetchone()
+        assert state == "running" and gap >= 10  # the admin shows the outage as a heartbeat gap
+        log = server.log.read_text()
+        assert log.count("the database refused a write") == 1 and log.count("the database is back") == 1
+    finally:
+        if server is not None:
+            assert server.stop() == 0
+        await asyncio.to_thread(postgres.remove)
