@@ -4,10 +4,12 @@ import asyncio
 import json
 import os
 import threading
+import time
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.db.backends.signals import connection_created
 from django.test import Client as HttpClient
 from django.utils import timezone
 
@@ -250,6 +252,36 @@ def test_processes_that_stopped_heart_beating_are_lost_with_their_sessions():
     finally:
         records.stop()
     assert ServerProcess.objects.get(pk=records.process_id).state == ServerProcess.STOPPED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_read_only_database_is_logged_once_and_caught_up_when_writable(caplog):
+    """SQLite's query_only refuses writes as a read-only file or a full disk would (root ignores
+    file modes, so chmod cannot do it here); the recorder's connections get it while it is set."""
+    read_only = threading.Event()
+    read_only.set()
+
+    def on_connect(sender, connection, **kwargs):
+        if read_only.is_set() and threading.current_thread().name == "pool-records":
+            connection.cursor().execute("PRAGMA query_only = 1")
+
+    connection_created.connect(on_connect)
+    records = Records(release_after=10, heartbeat_seconds=0.2)
+    records.start([])
+    try:
+        for i in range(20):
+            records.session_started(f"sess_ro_{i}", 0)
+            time.sleep(0.1)  # two seconds of refused writes and heartbeats
+        assert not Session.objects.filter(session_id__startswith="sess_ro_").exists()
+        read_only.clear()
+        assert records.flush(timeout=15)
+        assert Session.objects.filter(session_id__startswith="sess_ro_").count() == 20
+    finally:
+        records.stop()
+        connection_created.disconnect(on_connect)
+    refused = [r.getMessage() for r in caplog.records if "refused a write" in r.getMessage()]
+    assert len(refused) == 1 and "readonly" in refused[0]
+    assert sum("the database is back" in r.getMessage() for r in caplog.records) == 1
 
 
 EVERY_SESSION_VALUE = {
