@@ -1,7 +1,8 @@
-"""Soak: one session in looping conversation for a long time, then many sessions in a row.
-Resident memory, threads and file descriptors of the server at the start and the end.
+"""Soak: many sessions in a row, then one session in looping conversation for a long time.
+Resident memory, threads and file descriptors of the server at the start and the end, the
+server's RSS at every minute of the call, and once the call has ended and its unit drained.
 
-    python -m bench.soak [--minutes 30] [--sessions 1000]
+    python -m bench.soak [--minutes 60] [--sessions 1000]
 """
 
 import argparse
@@ -9,6 +10,7 @@ import asyncio
 import base64
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -51,15 +53,21 @@ async def looping_conversation(server, seconds):
                     counts["errors"] += 1
 
         receiver = asyncio.create_task(receive())
-        i = 0
+        i, per_minute = 0, []
         while time.perf_counter() < stop_at:
             await asyncio.sleep(max(0.0, t0 + i * CHUNK_MS / 1000 - time.perf_counter()))
             await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunks[i % len(chunks)]}))
             i += 1
+            if i * CHUNK_MS >= 60_000 * (len(per_minute) + 1):
+                per_minute.append(sample(server.process.pid)["rss_mb"])
+                print(f"minute {len(per_minute)}: RSS {per_minute[-1]} MB, {counts}", file=sys.stderr, flush=True)
         await asyncio.sleep(5)
         receiver.cancel()
     samples["end"] = sample(server.process.pid)
-    return {"seconds": seconds, **counts, "start": samples.get("start"), "end": samples["end"]}
+    await asyncio.sleep(10)  # the unit drains; nothing else runs
+    after = sample(server.process.pid)
+    return {"seconds": seconds, **counts, "start": samples.get("start"), "end": samples["end"],
+            "rss_mb_per_minute": per_minute, "after_call": after}
 
 
 async def sessions_in_a_row(server, n):
@@ -89,10 +97,10 @@ def run(server, seconds, sessions):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--minutes", type=float, default=60)
     parser.add_argument("--sessions", type=int, default=1000)
     args = parser.parse_args(argv)
-    server = start_server(1)
+    server = start_server(1, {"MAX_SESSION_SECONDS": None})  # the call may pass OpenAI's 60 minutes
     try:
         emit("soak", run(server, args.minutes * 60, args.sessions))
     finally:
