@@ -78,6 +78,21 @@ def test_llama_cpp_resumes_a_stopped_reply_as_if_never_stopped(llama):
     assert usage["output_tokens"] <= 34
 
 
+def test_llama_cpp_memory_levels_off_over_a_long_conversation(llama):
+    """Each response of a growing conversation is a new prompt; llama.cpp's host-RAM prompt
+    cache (on by default, up to 8 GiB) grew by ~40 MB per response. Measured as the growth over
+    the last 15 of 40 responses, after 25 have warmed everything up."""
+    rss = psutil.Process().memory_info
+    history, samples = [], []
+    for turn in range(40):
+        history.append({"role": "user", "content": f"Question {turn}: tell me about city number {turn}."})
+        chunks, _ = _run(llama, LLMRequest([SYSTEM, *history[-11:]], 24))  # the newest items
+        history.append({"role": "assistant", "content": "".join(chunks)})
+        if turn in (9, 24, 39):
+            samples.append(rss().rss / 2**20)
+    assert samples[2] - samples[1] < 30, samples  # MiB over the last 15 responses
+
+
 def test_llama_cpp_listens_on_no_tcp_port(gguf):
     """xllamacpp's HTTP listener is a Unix socket in a folder only this user can open."""
     def tcp_listeners():

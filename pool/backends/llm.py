@@ -211,6 +211,10 @@ def _llama_server(path, threads, slots, context_tokens):
             params.n_ctx = context_tokens * slots
             params.cpuparams.n_threads = params.cpuparams_batch.n_threads = threads
             params.verbosity = 1  # errors only: llama.cpp logs every request at its default level
+            # llama.cpp keeps the KV state of past prompts in host RAM (--cache-ram, 8 GiB by
+            # default): about 40 MB more for every response of a long call (bench/soak). Each
+            # unit's session stays on a slot whose own prompt cache serves the resumes.
+            params.cache_ram_mib = 0
             socket_dir = tempfile.mkdtemp(prefix="s2s-llama-")
             params.hostnames = [str(Path(socket_dir) / "llama.sock")]
             atexit.register(shutil.rmtree, socket_dir, True)
