@@ -5,11 +5,13 @@ use or explicitly by ``manage.py runpool`` before it serves. Claims and state ch
 one lock, so two sessions never share a unit.
 """
 
+import functools
 import logging
 import threading
 import time
 
 from . import metrics
+from .backends.tts import OPENAI_VOICES
 from .conf import get_config
 from .records import NoRecords, Records
 from .unit import ACTIVE, DRAINING, IDLE, QUARANTINED, PipelineUnit
@@ -31,6 +33,7 @@ class PoolRegistry:
         self.release_after = release_after
         self.records = records or NoRecords()
         self.accepting = True
+        self.backends = backends
         self.units = [PipelineUnit(i, backends, self._on_drained) for i in range(size)]
         now = time.time()
         for unit in self.units:
@@ -38,6 +41,15 @@ class PoolRegistry:
         metrics.unit_changed(self, None, IDLE)
         self._drains = {}  # unit index -> (ctx of the draining session, deadline timer)
         self._changed = threading.Condition(self._lock)
+
+    @functools.cached_property
+    def speaks(self):
+        """What the loaded models can do: ``{"transcription_languages", "voice_languages",
+        "voices"}``: ISO 639-1 codes, and the voice names a session may ask for (OpenAI's,
+        then the TTS's own)."""
+        return {"transcription_languages": sorted(self.backends.stt.languages),
+                "voice_languages": sorted(self.backends.tts.languages),
+                "voices": sorted(OPENAI_VOICES) + sorted(self.backends.tts.voices)}
 
     def _set_state(self, unit, state, session_id=None):
         old, concerned = unit.state, session_id or unit.session_id

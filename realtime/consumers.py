@@ -99,6 +99,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             "model": query.get("model", [""])[0] or "s2s-default",
             "instructions": config["DEFAULT_INSTRUCTIONS"],
             "voice": config["DEFAULT_VOICE"],
+            "speaks": self.registry.speaks,
             "max_output_tokens": config["LLM_MAX_OUTPUT_TOKENS"],
             "context_chars": config["LLM_CONTEXT_CHARS"],
             "turn_detection": config["DEFAULT_TURN_DETECTION"],

@@ -20,6 +20,7 @@ import time
 from pool import messages as m
 from pool import metrics
 from pool.backends.llm import LLMRequest
+from pool.backends.tts import voice_language
 from pool.ids import new_id
 
 from . import conversation as conv
@@ -57,6 +58,7 @@ class RealtimeSession:
         self._send_raw = send
         self._max_tokens_cap = defaults["max_output_tokens"]
         self._context_chars = defaults.get("context_chars", 8000)
+        self._speaks = defaults["speaks"]  # PoolRegistry.speaks: the models' languages
         self.config = sc.default_session(session_id, defaults["model"], defaults["instructions"],
                                          defaults["voice"], defaults.get("turn_detection", "server_vad"))
         self.conversation = conv.Conversation()
@@ -121,11 +123,30 @@ class RealtimeSession:
 
     def _on_session_update(self, event):
         update = require(event, "session", dict)
-        self.config = sc.apply_update(self.config, update)
+        config = sc.apply_update(self.config, update)
+        self._check_languages(config)
+        self.config = config
         self._configure_input()
         if self.config["audio"]["input"]["turn_detection"] is None:
             self.turns.input_reset()  # manual turns: the VAD no longer ends speech
         self.send("session.updated", session=copy.deepcopy(self.config))
+
+    def _check_languages(self, config):
+        """A language the loaded models cannot hear or speak is refused, never ignored: the
+        transcription language must be one the STT transcribes, and a Kokoro voice name
+        (``ef_dora``) must be of a language the TTS speaks. Raises ProtocolError."""
+        language = (config["audio"]["input"]["transcription"] or {}).get("language")
+        heard = self._speaks["transcription_languages"]
+        if language is not None and str(language).lower() not in heard:
+            raise ProtocolError(
+                "unsupported_language", f"This server's speech recognition transcribes {', '.join(heard)} "
+                f"only, not {language!r}.", param="session.audio.input.transcription.language")
+        voice = config["audio"]["output"]["voice"]
+        spoken = voice_language(voice)
+        if spoken is not None and spoken not in self._speaks["voice_languages"]:
+            raise ProtocolError(
+                "unsupported_language", f"Voice {voice!r} speaks {spoken!r}; this server's voices speak "
+                f"{', '.join(self._speaks['voice_languages'])} only.", param="session.audio.output.voice")
 
     def _on_input_audio_buffer_append(self, event):
         audio = require(event, "audio", str)

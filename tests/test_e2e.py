@@ -120,6 +120,25 @@ async def test_settings_of_one_session_never_reach_the_next_on_the_unit(server):
     assert result.status == "completed" and len(result.audio) > 0
 
 
+async def test_a_language_whisper_tiny_en_cannot_hear_is_an_error_and_the_session_goes_on(server):
+    from openai import AsyncOpenAI
+
+    await _wait_idle(server.port)
+    client = AsyncOpenAI(api_key="local", websocket_base_url=server.base_url)
+    async with client.realtime.connect(model="s2s-default") as conn:
+        await conn.recv()
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {
+            "transcription": {"model": "whisper-1", "language": "de"}}}})
+        error = await conn.recv()
+        assert (error.type, error.error.code) == ("error", "unsupported_language")
+        assert error.error.param == "session.audio.input.transcription.language"
+        await conn.session.update(session={"type": "realtime", "audio": {"input": {
+            "transcription": {"model": "whisper-1", "language": "en"}}}})
+        updated = await conn.recv()
+        assert updated.type == "session.updated"
+        assert updated.session.audio.input.transcription.language == "en"
+
+
 async def test_disconnect_mid_audio_and_reconnect_at_once_gets_a_clean_unit(server):
     from openai import AsyncOpenAI
 

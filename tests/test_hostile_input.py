@@ -164,7 +164,8 @@ client_events = st.builds(
 def test_fuzzed_client_events_never_escape_and_every_reply_is_a_server_event(events):
     sent = []
     session = RealtimeSession("sess_fuzz", RecordingPort(), sent.append,
-                              {"model": "m", "instructions": "i", "voice": "alloy", "max_output_tokens": 50})
+                              {"model": "m", "instructions": "i", "voice": "alloy", "max_output_tokens": 50,
+                               "speaks": {"transcription_languages": ["en"], "voice_languages": ["en"]}})
     session.start()
     for event in events:
         try:

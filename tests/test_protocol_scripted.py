@@ -313,3 +313,28 @@ async def test_a_long_conversation_sends_a_bounded_context_to_the_llm(connect, s
     await client.until("response.done")
     assert len(SCRIPT.requests[-1].messages) == 1 + 40 + 1  # every item, and the first reply
     await client.ws.disconnect()
+
+
+async def test_a_language_the_models_cannot_hear_or_speak_is_refused_not_ignored(connect, scripted_pool):
+    """The scripted STT transcribes en and de, its voices speak en: 'fr' and a Spanish Kokoro
+    voice are errors that name the field, the session keeps its values and goes on."""
+    client = await connect()
+    await client.until("session.created")
+    for update, param in [
+        ({"audio": {"input": {"transcription": {"model": "whisper-1", "language": "fr"}}}},
+         "session.audio.input.transcription.language"),
+        ({"audio": {"output": {"voice": "ef_dora"}}}, "session.audio.output.voice"),
+    ]:
+        await client.send({"type": "session.update", "session": update})
+        error = (await client.until("error"))["error"]
+        assert (error["code"], error["param"]) == ("unsupported_language", param)
+    await client.send({"type": "session.update", "session": {
+        "audio": {"input": {"transcription": {"language": "de"}}, "output": {"voice": "bm_george"}}}})
+    session = (await client.until("session.updated"))["session"]
+    assert session["audio"]["input"]["transcription"]["language"] == "de"
+    assert session["audio"]["output"]["voice"] == "bm_george"
+    assert "session.updated" not in client.types()[:-1]  # the refused updates changed nothing
+    await client.send({"type": "response.create"})
+    assert (await client.until("response.done"))["response"]["status"] == "completed"
+    await client.ws.disconnect()
+    assert scripted_pool.speaks["transcription_languages"] == ["de", "en"]

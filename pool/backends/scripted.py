@@ -41,6 +41,8 @@ WEDGE_SECONDS = 120.0
 
 
 class ScriptedSTT:
+    languages = frozenset({"en", "de"})  # as a multilingual model, so session tests may set one
+
     def transcribe(self, audio, language=None, prompt=None):
         if SCRIPT.stt_error is not None:
             raise SCRIPT.stt_error
@@ -84,6 +86,7 @@ class ScriptedLLM:
 
 class ScriptedTTS:
     voices = frozenset(OPENAI_VOICES.values())
+    languages = frozenset({"en"})
 
     def resolve_voice(self, name):
         return resolve_voice(name, self.voices)

@@ -47,6 +47,8 @@ class WhisperSTT:
         self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8",
                                   cpu_threads=threads, num_workers=1)
         self._tokenizers = {}  # language -> faster_whisper Tokenizer
+        # ISO 639-1 codes this model transcribes: ["en"] for the .en models.
+        self.languages = frozenset(self.model.supported_languages)
 
     def transcribe(self, audio, language=None, prompt=None):
         """Transcript of ``audio`` (float32 mono, 16 kHz). ``language``: ISO code or None;

@@ -1,5 +1,6 @@
 """Text to speech with Kokoro-82M through kokoro-onnx, one shared model for all units."""
 
+import re
 import threading
 
 import numpy as np
@@ -21,6 +22,18 @@ OPENAI_VOICES = {
     "cedar": "am_onyx",
 }
 DEFAULT_VOICE = "af_heart"
+# A Kokoro voice name starts with its language (Kokoro-82M's VOICES.md): a/b American/British
+# English, e Spanish, f French, h Hindi, i Italian, j Japanese, p Brazilian Portuguese, z Mandarin.
+KOKORO_LANGUAGES = {"a": "en", "b": "en", "e": "es", "f": "fr", "h": "hi", "i": "it", "j": "ja",
+                    "p": "pt", "z": "zh"}
+
+
+def voice_language(name):
+    """The language (ISO 639-1) of a Kokoro voice name such as ``ef_dora``; None for any other
+    name (an OpenAI voice name, or a name that is not Kokoro's)."""
+    if re.fullmatch(r"[a-z][fm]_[a-z]+", str(name)):
+        return KOKORO_LANGUAGES.get(name[0])
+    return None
 SAMPLE_RATE = 24_000
 
 
@@ -45,6 +58,7 @@ class KokoroTTS:
         session = cpu_session(model_path, threads)
         self.kokoro = Kokoro.from_session(session, str(voices_path))
         self.voices = frozenset(self.kokoro.get_voices())
+        self.languages = frozenset(voice_language(v) for v in self.voices) - {None}
         self._phonemize_lock = threading.Lock()
 
     def resolve_voice(self, name):
