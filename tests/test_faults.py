@@ -19,6 +19,8 @@ import psycopg
 import pytest
 import websockets
 
+from bench import misbehave
+
 from .live import LiveServer, free_port
 
 SCRIPTED = {"S2S_BACKEND": "scripted"}
@@ -233,69 +235,19 @@ async def test_sessions_go_on_through_a_postgresql_outage_and_no_record_is_lost(
         await asyncio.to_thread(postgres.remove)
 
 
-def _fds_and_rss(pid):
-    """Open file descriptors and resident memory (MiB) of a process, from /proc."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    rss_kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
-    return len(os.listdir(f"/proc/{pid}/fd")), rss_kb / 1024
 
-
-async def test_clients_that_misbehave_at_random_leave_fds_and_memory_flat(tmp_path):
-    """Sessions that end well, abruptly (a TCP reset mid-audio), half-open (a TCP connect with
-    no handshake), or never read (closed after SLOW_CLIENT_SECONDS): after each round of them,
-    the server holds the same file descriptors and no more memory than after the first."""
-    import random
-
-    env = {**SCRIPTED, "S2S_JSON": json.dumps({"SLOW_CLIENT_SECONDS": 1, "CONNECTS_PER_MINUTE": None})}
-    server = await asyncio.to_thread(LiveServer, tmp_path, pool_size=2, env=env)
-    rng = random.Random(13)
-    silence = json.dumps({"type": "input_audio_buffer.append", "audio": "AAAA" * 1600})
-    big_item = json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "word " * 20_000}]}})
-
-    async def well():
-        ws, _ = await _session(server)
-        assert await _answered(ws)
-        await ws.close()
-
-    async def reset():
-        ws, _ = await _session(server)
-        await ws.send(silence)
-        ws.transport.abort()
-
-    async def half_open():
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        writer.write(b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\n")  # never finished
-        await asyncio.sleep(0.2)
-        writer.transport.abort()
-
-    async def never_reads():
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.connect(("127.0.0.1", server.port))
-        ws = await websockets.connect(f"{server.base_url}/realtime", sock=sock, max_queue=1, max_size=None)
-        for _ in range(60):
-            await ws.send(big_item)
-        await asyncio.sleep(1.5)  # the server gives up on it after 1 s of a full buffer
-        ws.transport.abort()
-
-    def idle():
-        return b'"idle": 2' in urllib.request.urlopen(f"{server.http_url}/healthz", timeout=5).read()
-
-    async def round_of(n):
-        for _ in range(n):
-            await rng.choice([well, reset, half_open, never_reads])()
-        await asyncio.to_thread(_until, idle, 30, "both units idle")
-        await asyncio.sleep(0.5)
-        return _fds_and_rss(server.process.pid)
-
+def test_clients_that_misbehave_at_random_leave_fds_and_memory_flat():
+    """Sessions that end well, abruptly (a TCP reset mid-audio), half-open (a handshake never
+    finished), or never read (closed after SLOW_CLIENT_SECONDS): after each round of them, the
+    server holds the same file descriptors and no more memory (bench/misbehave.py runs 1,000)."""
+    server = misbehave.start()
     try:
-        rounds = [await round_of(40) for _ in range(4)]
-        print("fds and RSS (MiB) after each round:", rounds)
-        # The first two rounds warm up (lazily made objects, allocator pools); then it is flat.
-        assert all(fds <= rounds[1][0] + 2 for fds, _ in rounds[2:]), rounds
-        assert rounds[-1][1] - rounds[1][1] < 12, rounds  # MiB over the last 80 sessions
-        rows = server.query("select end_reason, count(*) from pool_session group by end_reason")
-        assert dict(rows).get("client_too_slow", 0) > 0 and sum(n for _, n in rows) > 100
+        result = misbehave.run(server, 160, 4)
     finally:
         assert server.stop() == 0
+    rounds = [(r["fds"], r["rss_mb"]) for r in result["rounds"]]
+    # The first two rounds warm up (lazily made objects, allocator pools); then it is flat.
+    assert all(fds <= rounds[1][0] + 2 for fds, _ in rounds[2:]), rounds
+    assert rounds[-1][1] - rounds[1][1] < 12, rounds  # MiB over the last 80 sessions
+    reasons = result["end_reasons"]
+    assert reasons.get("client_too_slow", 0) > 0 and sum(reasons.values()) > 100, reasons
