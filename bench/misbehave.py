@@ -57,13 +57,18 @@ async def half_open(server):
     writer.transport.abort()
 
 
-async def never_reads(server, slow_client_seconds=1.0):
-    """Asks for a lot and reads nothing: a small receive buffer, and the client library stops
-    reading once one message waits (max_queue=1)."""
+async def stuck_reader(server):
+    """A connected client that will read nothing: a small receive buffer, and the client
+    library stops reading once one message waits (max_queue=1)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", server.port))
-    ws = await websockets.connect(f"{server.base_url}/realtime", sock=sock, max_queue=1, max_size=None)
+    return await websockets.connect(f"{server.base_url}/realtime", sock=sock, max_queue=1, max_size=None)
+
+
+async def never_reads(server, slow_client_seconds=1.0):
+    """Asks for a lot and reads nothing."""
+    ws = await stuck_reader(server)
     for _ in range(60):
         await ws.send(BIG_ITEM)
     await asyncio.sleep(slow_client_seconds + 0.5)  # the server gives up on it first

@@ -240,7 +240,9 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         if self.session is None:
             return
         self.end_reason, self.close_code = reason, code
-        while not self.outbox.empty():
+        # Until the send loop has sent what is queued, or has stopped (the client left, or read
+        # nothing for SLOW_CLIENT_SECONDS): a slow client cannot hold a shutdown.
+        while not self.outbox.empty() and not self.sender.done():
             await asyncio.sleep(0.01)
         await self.close(code=code)
 

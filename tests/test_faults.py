@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import tempfile
@@ -129,15 +128,9 @@ async def test_a_client_that_stops_reading_is_closed_and_its_unit_freed(tmp_path
     env = {**SCRIPTED, "S2S_JSON": json.dumps({"SLOW_CLIENT_SECONDS": 2})}
     server = await asyncio.to_thread(LiveServer, tmp_path, env=env)
     try:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # no receive-window autotuning
-        sock.connect(("127.0.0.1", server.port))
-        # max_queue=1: the client library stops reading the socket once one message is unread.
-        ws = await websockets.connect(f"{server.base_url}/realtime", sock=sock, max_queue=1, max_size=None)
-        text = "word " * 20_000  # 100 kB, echoed in conversation.item.added and .done
+        ws = await misbehave.stuck_reader(server)
         for _ in range(100):
-            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+            await ws.send(misbehave.BIG_ITEM)
         ended = "select end_reason, close_code from pool_session"
         await asyncio.to_thread(_until, lambda: server.query(ended) == [("client_too_slow", 1008)], 60,
                                 "the session of the client that stopped reading ends")
@@ -147,6 +140,18 @@ async def test_a_client_that_stops_reading_is_closed_and_its_unit_freed(tmp_path
         await ws.close()
     finally:
         assert server.stop() == 0
+
+
+async def test_a_client_that_stops_reading_cannot_hold_up_a_shutdown(tmp_path):
+    env = {**SCRIPTED, "S2S_JSON": json.dumps({"SLOW_CLIENT_SECONDS": 2})}
+    server = await asyncio.to_thread(LiveServer, tmp_path, env=env)
+    ws = await misbehave.stuck_reader(server)
+    for _ in range(60):
+        await ws.send(misbehave.BIG_ITEM)
+    await asyncio.sleep(0.5)  # the server's writes to it are paused now
+    assert await asyncio.to_thread(server.stop, 30) == 0
+    assert server.query("select count(*) from pool_session where ended_at is not null") == [(1,)]
+    ws.transport.abort()
 
 
 class PrivatePostgres:
