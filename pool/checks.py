@@ -37,6 +37,12 @@ def check_settings(app_configs, **kwargs):
                     "loopback. Use True only for a machine of your own (runpool --allow-anonymous).")
         problems.append(Error(f"S2S[{key!r}] must be {names}{' or None' if key in OPTIONAL else ''}; "
                               f"got {value!r}.", hint=hint, id="pool.E005"))
+    threads = user.get("THREADS")
+    for stage, count in (threads.items() if isinstance(threads, dict) else ()):
+        if stage not in DEFAULTS["THREADS"] or isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            problems.append(Error(f"S2S['THREADS'][{stage!r}] = {count!r}: the keys are "
+                                  f"{', '.join(DEFAULTS['THREADS'])}, each a thread count of 1 or more.",
+                                  id="pool.E005"))
     for entry in user.get("TRUSTED_PROXIES") or []:
         try:
             ipaddress.ip_network(entry, strict=False)

@@ -102,9 +102,10 @@ def test_settings_checks_name_unknown_keys_wrong_types_and_the_old_loopback_rule
 
     settings.S2S = {"ALLOW_ANONYMOUS": "loopback", "POOL_SIZ": 2, "POOL_SIZE": True,
                     "TRUSTED_PROXIES": ["10.0.0.0/8", "proxy.local"], "CONNECTS_PER_MINUTE": None,
-                    "RELEASE_AFTER_SECONDS": 5, "STT_MODEL": ROOT}
+                    "RELEASE_AFTER_SECONDS": 5, "STT_MODEL": ROOT, "THREADS": {"llm": 1, "tts": "two"}}
     problems = check_settings(None)
-    assert sorted(p.id for p in problems) == ["pool.E005", "pool.E005", "pool.E006", "pool.W003"]
+    assert sorted(p.id for p in problems) == ["pool.E005"] * 3 + ["pool.E006", "pool.W003"]
+    assert any("['THREADS']['tts'] = 'two'" in p.msg for p in problems)
     by_key = {p.msg.split("]")[0]: p for p in problems if p.id == "pool.E005"}
     assert "proxy" in by_key["S2S['ALLOW_ANONYMOUS'"].hint
     assert "must be int" in by_key["S2S['POOL_SIZE'"].msg
