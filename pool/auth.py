@@ -56,20 +56,36 @@ def key_from_scope(scope):
 
 
 def client_address(scope):
-    """The client's IP address: the socket's peer, or, when that peer is one of
-    ``TRUSTED_PROXIES``, the address the proxies name (``Forwarded``, RFC 7239, else
-    ``X-Forwarded-For``). The header is read right to left, skipping trusted proxies, so a client
-    cannot pass a made-up address through a proxy that appends to it. None when unknown."""
-    peer = (scope.get("client") or (None, None))[0]
+    """The client's IP address, normalised (``str(ipaddress.ip_address(...))``; an IPv4-mapped
+    IPv6 peer as IPv4): the socket's peer, or, when that peer is one of ``TRUSTED_PROXIES``, the
+    address the proxies name in ``PROXY_ADDRESS_HEADER`` (only that header: a proxy passes the
+    other one on from the client untouched). The header is read right to left, skipping trusted
+    proxies; the first other hop is what our proxy saw, so a client cannot pass a made-up address
+    through a proxy that appends to it. A hop that is not an IP address (``unknown``, an
+    obfuscated RFC 7239 name) leaves the peer's address. None when the peer is unknown."""
+    peer = _ip((scope.get("client") or (None, None))[0])
     trusted = _trusted_networks()
-    if peer is None or not _in(peer, trusted):
-        return peer
-    hops = _forwarded_for(_header(scope, b"forwarded")) or [
-        hop.strip() for hop in _header(scope, b"x-forwarded-for").split(",") if hop.strip()]
+    if peer is None or not any(peer in network for network in trusted):
+        return None if peer is None else str(peer)
+    header = get_config()["PROXY_ADDRESS_HEADER"]
+    value = _header(scope, header.lower().encode())
+    hops = _forwarded_for(value) if header.lower() == "forwarded" else [h.strip() for h in value.split(",")]
     for hop in reversed(hops):
-        if not _in(hop, trusted):
-            return hop
-    return hops[0] if hops else peer
+        ip = _ip(hop)
+        if ip is None:
+            break
+        if not any(ip in network for network in trusted):
+            return str(ip)
+    return str(peer)
+
+
+def _ip(text):
+    """An ``ipaddress`` address (IPv4-mapped IPv6 unmapped), or None for anything else."""
+    try:
+        ip = ipaddress.ip_address(text)
+    except (TypeError, ValueError):
+        return None
+    return getattr(ip, "ipv4_mapped", None) or ip
 
 
 def _header(scope, name):
@@ -78,17 +94,18 @@ def _header(scope, name):
 
 
 def _forwarded_for(value):
-    """The ``for=`` addresses of a ``Forwarded`` header, in order: ``for=192.0.2.7;proto=https,
-    for="[2001:db8::1]:4711"`` -> ["192.0.2.7", "2001:db8::1"]."""
+    """The ``for=`` nodes of a ``Forwarded`` header (RFC 7239), in order: ``for=192.0.2.7;
+    proto=https, for="[2001:db8::1]:4711"`` -> ["192.0.2.7", "2001:db8::1"]. A node that is not
+    an address (``unknown``, ``_hidden``, a bracket never closed) is kept as written."""
     hops = []
     for element in value.split(","):
         for pair in element.split(";"):
             name, _, node = pair.strip().partition("=")
-            if name.lower() != "for":
+            if name.strip().lower() != "for":
                 continue
-            node = node.strip('"')
-            if node.startswith("["):
-                node = node[1:node.find("]")]
+            node = node.strip().strip('"')
+            if node.startswith("[") and "]" in node:
+                node = node[1:node.index("]")]
             elif node.count(":") == 1:  # IPv4 with a port
                 node = node.partition(":")[0]
             hops.append(node)
@@ -104,14 +121,6 @@ def _trusted_networks():
     return _parse_networks(tuple(get_config()["TRUSTED_PROXIES"]))
 
 
-def _in(address, networks):
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return any(ip in network for network in networks)
-
-
 def anonymous_allowed():
     """Clients without a key are served only when ``ALLOW_ANONYMOUS`` is True (set in ``S2S``, or
     by ``runpool --allow-anonymous``, the local quick start). Never inferred from an address."""
@@ -120,7 +129,8 @@ def anonymous_allowed():
 
 class ConnectRate:
     """At most ``CONNECTS_PER_MINUTE`` new sessions per client address in any 60 s, in this
-    process (a sliding window of connect times). Memory is bounded by the addresses seen in the
+    process (a sliding window of session starts). Refused connects do not count, so clients
+    without a key cannot use up the budget of keyed clients behind the same address. Memory is bounded by the addresses seen in the
     last minute: older ones are dropped as the table is swept."""
 
     WINDOW = 60.0  # seconds
@@ -130,10 +140,13 @@ class ConnectRate:
         self._next_sweep = 0.0
 
     def allow(self, address, now=None):
-        """Count a connect from ``address``; False when it is over the limit (not counted)."""
+        """Count a new session from ``address``; False when it is over the limit (not counted).
+        An IPv6 address counts as its /64: one client usually holds a whole /64 to rotate in."""
         limit = get_config()["CONNECTS_PER_MINUTE"]
         if limit is None or address is None:
             return True
+        if ":" in address:
+            address = str(ipaddress.ip_network(f"{address}/64", strict=False))
         now = time.monotonic() if now is None else now
         if now >= self._next_sweep:
             self._sweep(now)

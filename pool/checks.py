@@ -43,12 +43,45 @@ def check_settings(app_configs, **kwargs):
             problems.append(Error(f"S2S['THREADS'][{stage!r}] = {count!r}: the keys are "
                                   f"{', '.join(DEFAULTS['THREADS'])}, each a thread count of 1 or more.",
                                   id="pool.E005"))
-    for entry in user.get("TRUSTED_PROXIES") or []:
+    for key in POSITIVE:
+        value = user.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+            problems.append(Error(f"S2S[{key!r}] must be more than 0; got {value!r}.",
+                                  hint="None turns the limit off." if key in OPTIONAL else None, id="pool.E005"))
+    for key in ("ALLOWED_ORIGINS", "TRUSTED_PROXIES", "BACKCHANNEL_WORDS"):
+        entries = user.get(key)
+        if isinstance(entries, (list, tuple)) and not all(isinstance(e, str) for e in entries):
+            problems.append(Error(f"S2S[{key!r}] must hold strings; got {entries!r}.", id="pool.E005"))
+    problems += _check_proxies(user)
+    return problems
+
+
+# Numbers that must be more than 0 when set (0 would refuse every client or end every session).
+POSITIVE = ("POOL_SIZE", "RELEASE_AFTER_SECONDS", "CLAIM_WAIT_SECONDS", "IDLE_TIMEOUT_SECONDS",
+            "HEARTBEAT_SECONDS", "LOST_AFTER_SECONDS", "CONNECTS_PER_MINUTE", "MAX_SESSION_SECONDS",
+            "SLOW_CLIENT_SECONDS", "MAX_MESSAGE_BYTES", "LLM_MAX_OUTPUT_TOKENS", "LLM_CONTEXT_CHARS")
+
+
+def _check_proxies(user):
+    problems = []
+    header = user.get("PROXY_ADDRESS_HEADER", "X-Forwarded-For")
+    if str(header).lower() not in ("x-forwarded-for", "forwarded"):
+        problems.append(Error(f"S2S['PROXY_ADDRESS_HEADER'] must be 'X-Forwarded-For' or 'Forwarded'; "
+                              f"got {header!r}.", id="pool.E006"))
+    proxies = user.get("TRUSTED_PROXIES") or []
+    if not isinstance(proxies, (list, tuple)):
+        return problems  # the type error above says it
+    for entry in proxies:
         try:
-            ipaddress.ip_network(entry, strict=False)
+            network = ipaddress.ip_network(entry, strict=False)
         except (TypeError, ValueError):
             problems.append(Error(f"S2S['TRUSTED_PROXIES'] has {entry!r}, not an address or network.",
                                   hint='e.g. "127.0.0.1", "10.0.0.0/8", "::1"', id="pool.E006"))
+            continue
+        if network.prefixlen == 0:
+            problems.append(Warning(f"S2S['TRUSTED_PROXIES'] has {entry!r}: every client is trusted to "
+                                    "name its own address.", hint="List your proxies' addresses.",
+                                    id="pool.W004"))
     return problems
 
 

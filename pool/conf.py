@@ -64,6 +64,9 @@ DEFAULTS = {
     # Addresses or networks (e.g. "127.0.0.1", "10.0.0.0/8") of reverse proxies whose
     # X-Forwarded-For / Forwarded headers name the client; from anyone else they are ignored.
     "TRUSTED_PROXIES": [],
+    # The header those proxies write the client's address in: "X-Forwarded-For" (nginx, Caddy,
+    # HAProxy) or "Forwarded" (RFC 7239). The other one is ignored: it comes from the client.
+    "PROXY_ADDRESS_HEADER": "X-Forwarded-For",
     # New sessions one client address may open per minute, per process (None: no limit).
     "CONNECTS_PER_MINUTE": 60,
     # A session is closed (error session_expired, close 1000) after this long; OpenAI's limit.

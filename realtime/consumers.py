@@ -68,6 +68,9 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         # first connect of an embedding site pays for loading the models, off the event loop.
         self.registry = local_registry() or await asyncio.to_thread(get_registry)
         refusal = await self._authorize()
+        if refusal is None and not CONNECT_RATE.allow(self.client_address):
+            refusal = auth.Refusal("rate_limit_exceeded", "Too many new sessions from this address; "
+                                   f"at most {get_config()['CONNECTS_PER_MINUTE']} a minute.")
         if refusal is not None:
             await self._refuse(refusal.code, refusal.message, refusal.close_code)
             return
@@ -122,9 +125,6 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         """Origin and API key checks; returns a ``pool.auth.Refusal`` or None. On success with a
         key, the key's session is counted (``_release_key`` undoes it)."""
         self.api_key_id = None
-        if not CONNECT_RATE.allow(self.client_address):
-            return auth.Refusal("rate_limit_exceeded", "Too many new sessions from this address; "
-                                f"at most {get_config()['CONNECTS_PER_MINUTE']} a minute.")
         if not auth.origin_allowed(self.scope):
             return auth.Refusal("origin_not_allowed", "This origin may not connect to this server.")
         key = auth.key_from_scope(self.scope)

@@ -10,6 +10,7 @@ documented in ``pool/conf.py``.
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import dj_database_url
@@ -25,19 +26,36 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def _secret_key_from_file():
     """A random key made on first use and kept, mode 0600, outside the repository: there is no
     built-in key that a deployment could forget to replace. Several processes on one machine
-    share the file; several machines need one ``DJANGO_SECRET_KEY`` (settings_production)."""
+    share the file; several machines need one ``DJANGO_SECRET_KEY`` (settings_production).
+
+    The key is written to a temporary file and linked into place, so a process starting at the
+    same moment reads a whole key or makes none. Raises ImproperlyConfigured (what to do) when
+    the file cannot be made or holds no usable key."""
+    from django.core.exceptions import ImproperlyConfigured
     from django.core.management.utils import get_random_secret_key
 
     config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
     path = Path(os.environ.get("DJANGO_SECRET_KEY_FILE") or config / "s2s-realtime" / "secret_key")
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as file:
-        file.write(get_random_secret_key())
-    return path.read_text().strip()
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, draft = tempfile.mkstemp(dir=path.parent, prefix=".secret_key.")  # mode 0600
+            with os.fdopen(fd, "w") as file:
+                file.write(get_random_secret_key())
+            try:
+                os.link(draft, path)  # fails if another process linked its key first
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(draft)
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise ImproperlyConfigured(f"No secret key: {path} cannot be made or read ({exc.strerror}). Set "
+                                   "DJANGO_SECRET_KEY, or DJANGO_SECRET_KEY_FILE to a writable path.") from exc
+    if len(key) < 32:
+        raise ImproperlyConfigured(f"The secret key in {path} is too short ({len(key)} characters): "
+                                   "delete the file to make a new one, or set DJANGO_SECRET_KEY.")
+    return key
 
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or _secret_key_from_file()
@@ -122,9 +140,24 @@ def _env(name, cast=str):
     return None if value in (None, "") else cast(value)
 
 
+
+
+def _s2s_json():
+    """``S2S_JSON``: a JSON object of S2S keys. Raises ImproperlyConfigured for anything else."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        value = json.loads(os.environ.get("S2S_JSON") or "{}")
+    except json.JSONDecodeError as exc:
+        raise ImproperlyConfigured(f"S2S_JSON is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured('S2S_JSON must be a JSON object, e.g. \'{"POOL_SIZE": 4}\'.')
+    return value
+
+
 S2S = {
     # Any S2S key as JSON, e.g. S2S_JSON='{"THREADS": {"llm": 1}}' (benchmarks, deployments).
-    **json.loads(os.environ.get("S2S_JSON") or "{}"),
+    **_s2s_json(),
     **{key: value
     for key, value in {
         "POOL_SIZE": _env("S2S_POOL_SIZE", int),

@@ -33,12 +33,30 @@ def test_forwarded_addresses_are_believed_only_from_trusted_proxies(settings):
     assert auth.client_address(scope("127.0.0.1", chain)) == "203.0.113.9"
     two_headers = [(b"x-forwarded-for", "6.6.6.6"), (b"x-forwarded-for", "203.0.113.9")]
     assert auth.client_address(scope("127.0.0.1", two_headers)) == "203.0.113.9"
-    forwarded = [(b"forwarded", 'for=6.6.6.6, for="[2001:db8::7]:4711";proto=https')]
-    assert auth.client_address(scope("10.0.0.2", forwarded)) == "2001:db8::7"
-    assert auth.client_address(scope("127.0.0.1", [(b"forwarded", "for=192.0.2.1:80")])) == "192.0.2.1"
     assert auth.client_address(scope("127.0.0.1")) == "127.0.0.1"
+    # A Forwarded header the client sent is passed on by nginx: with X-Forwarded-For (the
+    # default PROXY_ADDRESS_HEADER) it is ignored.
+    both = [(b"forwarded", "for=9.9.9.9"), (b"x-forwarded-for", "203.0.113.50")]
+    assert auth.client_address(scope("127.0.0.1", both)) == "203.0.113.50"
+    # Not an address: the proxy's own, never the text (it would be recorded and rate-limited).
+    for junk in ("unknown", "_hidden", "<script>", "a" * 200, "192.0.2.8:5678"):
+        assert auth.client_address(scope("127.0.0.1", [(b"x-forwarded-for", junk)])) == "127.0.0.1"
+    # IPv4 peers of a server bound to "::" arrive IPv4-mapped; addresses come out normalised.
+    assert auth.client_address(scope("::ffff:127.0.0.1", spoofed)) == "203.0.113.9"
+    v6 = [(b"x-forwarded-for", "2001:DB8:0:0::1")]
+    assert auth.client_address(scope("127.0.0.1", v6)) == "2001:db8::1"
     settings.S2S = {}
     assert auth.client_address(scope("127.0.0.1", spoofed)) == "127.0.0.1"
+
+
+def test_the_forwarded_header_is_read_when_the_proxy_writes_it(settings):
+    settings.S2S = {"TRUSTED_PROXIES": ["10.0.0.0/8"], "PROXY_ADDRESS_HEADER": "Forwarded"}
+    forwarded = [(b"forwarded", 'for=6.6.6.6, for="[2001:db8::7]:4711";proto=https'),
+                 (b"x-forwarded-for", "9.9.9.9")]
+    assert auth.client_address(scope("10.0.0.2", forwarded)) == "2001:db8::7"
+    assert auth.client_address(scope("10.0.0.2", [(b"forwarded", "for=192.0.2.1:80")])) == "192.0.2.1"
+    for junk in ('for=unknown', 'for=_hidden', 'for="[2001:db8::1'):
+        assert auth.client_address(scope("10.0.0.2", [(b"forwarded", junk)])) == "10.0.0.2"
 
 
 def test_the_default_connect_rate_allows_60_a_minute_per_address():
@@ -49,6 +67,9 @@ def test_the_default_connect_rate_allows_60_a_minute_per_address():
     assert rate.allow("192.0.2.1", now=60.1)  # the first connect left the window
     rate.allow("192.0.2.3", now=200.0)  # sweeps addresses silent for a minute
     assert set(rate._times) == {"192.0.2.3"}
+    # One IPv6 client rotating through its /64 is one client.
+    assert all(rate.allow(f"2001:db8::{i:x}", now=300.0) for i in range(60))
+    assert not rate.allow("2001:db8::ffff", now=300.0) and rate.allow("2001:db8:0:1::1", now=300.0)
 
 
 async def test_connects_over_the_rate_are_refused_per_client_address(scripted_pool, settings):
@@ -69,6 +90,27 @@ async def test_connects_over_the_rate_are_refused_per_client_address(scripted_po
     assert await refused_with(client) == "rate_limit_exceeded"
     assert await served(client=("198.51.100.2", 1))
     assert await served(headers=[(b"x-forwarded-for", b"198.51.100.3")], **proxy)
+
+
+async def test_refused_connects_do_not_use_up_an_address_budget(scripted_pool, settings):
+    """Clients without a key behind the same address (a NAT, a proxy) cannot lock out the ones
+    with a key: only sessions count."""
+    from asgiref.sync import sync_to_async
+
+    from pool.models import APIKey
+
+    settings.S2S = {**settings.S2S, "CONNECTS_PER_MINUTE": 2, "ALLOW_ANONYMOUS": False}
+    _, key = await sync_to_async(APIKey.issue)("budget")
+    where = {"client": ("198.51.100.9", 1)}
+    for _ in range(5):
+        client, _ = await open_socket(**where)
+        assert await refused_with(client) == "missing_api_key"
+    for _ in range(2):
+        client, _ = await open_socket([(b"authorization", f"Bearer {key}".encode())], **where)
+        assert (await client.recv())["type"] == "session.created"
+        await client.ws.disconnect()
+    client, _ = await open_socket([(b"authorization", f"Bearer {key}".encode())], **where)
+    assert await refused_with(client) == "rate_limit_exceeded"
 
 
 async def test_the_session_row_records_the_address_a_trusted_proxy_names(recorded_pool, settings):
@@ -138,6 +180,23 @@ def test_without_a_configured_secret_key_each_machine_makes_and_keeps_a_random_o
     assert _python(SECRET_KEY, env).stdout.strip() == first
     other = _python(SECRET_KEY, {**env, "XDG_CONFIG_HOME": str(tmp_path / "b")}).stdout.strip()
     assert len(other) >= 50 and other != first
+
+
+def test_processes_starting_together_agree_on_one_key_and_an_empty_file_is_refused(tmp_path):
+    code = ("import os, sys; sys.path.insert(0, os.getcwd()); from s2s_project.settings import SECRET_KEY; "
+            "print(SECRET_KEY)")
+    for trial in range(5):
+        env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / str(trial))}
+        env.pop("DJANGO_SECRET_KEY", None)
+        starts = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        keys = {p.communicate(timeout=60)[0].strip() for p in starts}
+        assert len(keys) == 1 and len(keys.pop()) >= 50
+    empty = tmp_path / "empty_key"
+    empty.write_text("")
+    run = _python(SECRET_KEY, {"DJANGO_SETTINGS_MODULE": "s2s_project.settings", "DJANGO_SECRET_KEY": None,
+                               "DJANGO_SECRET_KEY_FILE": str(empty)})
+    assert run.returncode != 0 and f"The secret key in {empty} is too short" in run.stderr
 
 
 def test_the_production_profile_passes_check_deploy_and_requires_a_key(tmp_path):
