@@ -69,9 +69,12 @@ async def stuck_reader(server):
 async def never_reads(server, slow_client_seconds=1.0):
     """Asks for a lot and reads nothing."""
     ws = await stuck_reader(server)
-    for _ in range(60):
-        await ws.send(BIG_ITEM)
-    await asyncio.sleep(slow_client_seconds + 0.5)  # the server gives up on it first
+    try:
+        for _ in range(60):
+            await ws.send(BIG_ITEM)
+        await asyncio.sleep(slow_client_seconds + 0.5)  # the server gives up on it first
+    except websockets.ConnectionClosed:  # it already has (a busy machine sends slowly)
+        pass
     ws.transport.abort()
 
 
