@@ -2,9 +2,9 @@
 
 Callers (the consumer on the event loop, the registry from stage threads) only put a small
 message on a queue and never wait for the database. The thread writes what has queued up in one
-transaction, and keeps it queued through a database outage until the database is back. The queue carries a handful of lifecycle
-messages per session (start, end, each unit state change), so its growth is bounded by the rate
-of sessions, not by audio. The thread also heart-beats the process row and closes, as ``lost``,
+transaction, and keeps it queued through a database outage until the database is back. The
+queue carries a handful of lifecycle messages per session (start, end, each unit state change),
+so its growth is bounded by the rate of sessions, not by audio (and capped at MAX_PENDING). The thread also heart-beats the process row and closes, as ``lost``,
 the open sessions of processes whose heartbeat stopped (a crash, a kill -9, a lost host).
 """
 
@@ -179,9 +179,9 @@ class Records(NoRecords):
                     except Exception:  # noqa: BLE001
                         log.exception("pool records: %s failed", getattr(fn, "__name__", fn))
             if self.outage_since is not None:
-                log.warning("pool records: the database is back after %.1f s; %d writes caught up",
-                            time.monotonic() - self.outage_since, len(writes))
-                self.outage_since = None
+                log.warning("pool records: the database is back after %.1f s; %d writes caught up, "
+                            "%d dropped", time.monotonic() - self.outage_since, len(writes), self.dropped)
+                self.outage_since, self.dropped = None, 0
             return
 
     # --- on the recorder thread ----------------------------------------------------------------
