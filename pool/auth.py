@@ -130,8 +130,9 @@ def anonymous_allowed():
 class ConnectRate:
     """At most ``CONNECTS_PER_MINUTE`` new sessions per client address in any 60 s, in this
     process (a sliding window of session starts). Refused connects do not count, so clients
-    without a key cannot use up the budget of keyed clients behind the same address. Memory is bounded by the addresses seen in the
-    last minute: older ones are dropped as the table is swept."""
+    without a key cannot use up the budget of keyed clients behind the same address. Memory is
+    bounded by the addresses seen in the last minute: older ones are dropped as the table is
+    swept, and an address is a normalised IP (``client_address``), never header text."""
 
     WINDOW = 60.0  # seconds
 
