@@ -23,11 +23,13 @@ class SessionContext:
         self.closed = False
 
     def emit(self, event):
-        if not self.closed:
-            self._sink(event)
+        sink = self._sink  # one read: close() may run on another thread
+        if sink is not None:
+            sink(event)
 
     def close(self):
         self.closed = True
+        self._sink = None  # work still queued for this session no longer holds its consumer
 
 
 # --- into the unit -----------------------------------------------------------------------------

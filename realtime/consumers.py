@@ -255,6 +255,12 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         for task in (self.sender, self.watchdog):
             if task:
                 task.cancel()
+        # The consumer, its tasks and the session refer to each other: break that here, and drop
+        # the unsent events, so a session's memory (its conversation, its replies a slow client
+        # never read) is freed now rather than at the next full garbage collection.
+        self.sender = self.watchdog = None
+        while not self.outbox.empty():
+            self.outbox.get_nowait()
         code = getattr(self, "close_code", code)
         self.registry.records.session_ended(session.id, self.end_reason, code, session.stats)
         self.registry.release(self.unit)

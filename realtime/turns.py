@@ -271,4 +271,6 @@ class TurnTaking:
             self._timer = None
 
     def close(self):
+        """The session has ended: no more events come, and the session may be freed at once."""
         self._cancel_timer()
+        self._s = None  # the session holds this object: without the cycle, it goes by refcount
