@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pool.timings import FIELDS
 from tests.helpers import AUDIO_DIR
 from tests.live import LiveServer
 
@@ -58,11 +59,13 @@ def emit(name, result):
     print(json.dumps({"benchmark": name, "machine": machine(), **result}, indent=2))
 
 
-def turn_timings(log_path):
-    """The server's per-turn JSON log lines ('turn timings {...}'), by response id."""
-    turns = {}
-    for line in Path(log_path).read_text().splitlines():
-        if "turn timings " in line:
-            turn = json.loads(line.split("turn timings ", 1)[1])
-            turns[turn["response"]] = turn
-    return turns
+def turn_timings(server, response_ids, timeout=10.0):
+    """The server's ``pool.timings.TurnTimings`` of each response in ``response_ids``, as dicts,
+    from its session history (``pool_sessionresponse``); waits for the recorder to write them."""
+    query = f"select response_id, {', '.join(FIELDS)} from pool_sessionresponse"
+    deadline = time.monotonic() + timeout
+    while True:
+        found = {row[0]: dict(zip(FIELDS, row[1:])) for row in server.query(query)}
+        if set(response_ids) <= set(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)

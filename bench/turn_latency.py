@@ -42,16 +42,16 @@ def measure(server, recordings, runs, turn_detection="server_vad"):
             answered.append(last_turn_answered(conversation))
             for turn in turns(conversation):
                 rows.append({"recording": name, **turn})
-    server_side = turn_timings(server.log)
+    server_side = turn_timings(server, [row["response"] for row in rows])
     for row in rows:
         marks = server_side.get(row["response"], {})
         offset = row["speech_stopped"]  # server marks count from its speech_stopped
         for key in ("llm_first_text_ms", "llm_first_phrase_ms", "tts_first_audio_ms"):
             if marks.get(key) is not None:
                 row[key.removesuffix("_ms")] = round(offset + marks[key], 1)
-        llm_compute = (marks.get("llm_first_phrase_ms") or 0) - (marks.get("llm_start_ms") or 0)
+        llm_compute = marks.get("llm_compute_ms") or 0
         row["stt_compute"] = marks.get("stt_compute_ms")
-        row["stt_speculative"] = marks.get("stt_speculative", False)
+        row["stt_speculative"] = bool(marks.get("stt_speculative"))
         row["stt_wait"] = round(row["transcript"] - row["committed"], 1)
         row["llm_first_phrase_compute"] = round(llm_compute, 1)
         row["tts_first_compute"] = marks.get("tts_first_compute_ms")

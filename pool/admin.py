@@ -1,12 +1,19 @@
-"""The pool console in the Django admin: live units, quarantined units, session history."""
+"""The pool console in the Django admin: the pool overview (every process's units, refreshing),
+live and quarantined units, server processes, and the session history (each session's
+conversation, responses and turn latency, with a JSON export)."""
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import JsonResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.template.response import TemplateResponse
+from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import control
+from . import control, timings
 from .auth import new_key
-from .models import APIKey, QuarantinedUnit, ServerProcess, Session, Unit
+from .models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
 
 STATE_COLOURS = {"idle": "#2e7d32", "active": "#1565c0", "draining": "#ef6c00",
                  "quarantined": "#c62828", "lost": "#6d4c41"}
@@ -66,28 +73,201 @@ admin.site.register(Unit, UnitAdmin)
 admin.site.register(QuarantinedUnit, UnitAdmin)
 
 
+def seconds(value, digits=1):
+    """A number of seconds as the admin shows it: ``12.3 s`` (empty for None)."""
+    return "" if value is None else f"{value:.{digits}f} s"
+
+
+def ms_as_seconds(value):
+    return "" if value is None else seconds(value / 1000, 2)
+
+
 @admin.register(ServerProcess)
 class ServerProcessAdmin(ReadOnlyAdmin):
     list_display = ["__str__", "state", "pool_size", "started_at", "heartbeat_at", "longest_heartbeat_gap",
                     "stopped_at"]
     list_filter = ["state", "host"]
 
+    def get_urls(self):
+        return [path("overview/", self.admin_site.admin_view(self.overview_view), name="pool_overview"),
+                *super().get_urls()]
+
+    def overview_view(self, request):
+        """The pool overview: every running process with its units as a grid, refreshing
+        itself. A quarantined unit is released from here with the Release action's permission."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        unit_admin = self.admin_site._registry[Unit]
+        may_release = unit_admin.has_release_permission(request)
+        if request.method == "POST":
+            if not may_release:
+                raise PermissionDenied
+            unit = get_object_or_404(Unit.objects.select_related("process"), pk=request.POST.get("unit"))
+            ok, message = control.release_unit(unit, request.user)
+            self.message_user(request, message, messages.SUCCESS if ok else messages.ERROR)
+            return redirect("admin:pool_overview")
+        now = timezone.now()
+        processes = []
+        for process in ServerProcess.objects.filter(state=ServerProcess.RUNNING).prefetch_related("units"):
+            units = [{"unit": unit, "badge": state_badge(unit.state),
+                      "for": seconds((now - unit.state_since).total_seconds(), 0)} for unit in process.units.all()]
+            processes.append({"process": process, "units": units,
+                              "heartbeat_age": seconds((now - process.heartbeat_at).total_seconds(), 0)})
+        context = {**self.admin_site.each_context(request), "title": "Pool overview", "processes": processes,
+                   "may_release": may_release, "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
+                   "opts": self.model._meta}
+        return TemplateResponse(request, "admin/pool/overview.html", context)
+
+
+OVERVIEW_REFRESH_SECONDS = 5
+
+
+class HistoryInline(admin.TabularInline):
+    """Rows of a session's history, read-only, in order (``at``: since the session started)."""
+
+    extra = max_num = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="at")
+    def at(self, row):
+        return seconds(row.at_ms / 1000)
+
+
+class ConversationItemInline(HistoryInline):
+    """The conversation as a timeline: who said what, when; interrupted replies marked."""
+
+    model = ConversationItem
+    verbose_name_plural = "conversation"
+    fields = ["at", "who", "said", "user_audio", "reply_audio", "status"]
+    readonly_fields = fields
+
+    @admin.display(description="who")
+    def who(self, item):
+        if item.kind == ConversationItem.ERROR:
+            return "error (sent)"
+        if item.kind != ConversationItem.MESSAGE:
+            return item.get_kind_display()
+        return f"{item.role} ({item.voice})" if item.voice else item.role
+
+    @admin.display(description="said")
+    def said(self, item):
+        if item.interrupted:
+            return format_html("{} <strong>[interrupted]</strong>", item.text)
+        return item.text
+
+    @admin.display(description="speech in the input buffer")
+    def user_audio(self, item):
+        if item.audio_start_ms is None:
+            return ""
+        end = "" if item.audio_end_ms is None else seconds(item.audio_end_ms / 1000)
+        return f"{seconds(item.audio_start_ms / 1000)} - {end}"
+
+    @admin.display(description="reply audio")
+    def reply_audio(self, item):
+        return "" if item.audio_ms is None else seconds(item.audio_ms / 1000)
+
+
+class SessionResponseInline(HistoryInline):
+    """Each response: how it ended and its turn's latency, in seconds from the end of speech."""
+
+    model = SessionResponse
+    verbose_name_plural = "responses and turn latency (seconds after the end of the user's speech)"
+    fields = ["at", "status", "reason", *(
+        f"{name}_display" for name in ("transcribed", "response_created", "llm_first_text", "llm_first_phrase",
+                                       "tts_first_audio", "first_audio_sent", "stt_compute", "llm_compute",
+                                       "tts_first_compute"))]
+    readonly_fields = fields
+
+
+def _timing_column(name, label):
+    @admin.display(description=label)
+    def column(self, row):
+        return ms_as_seconds(getattr(row, f"{name}_ms"))
+    column.__name__ = f"{name}_display"
+    return column
+
+
+for _name, _label in (("transcribed", "transcript"), ("response_created", "response created"),
+                      ("llm_first_text", "LLM first text"), ("llm_first_phrase", "LLM first phrase"),
+                      ("tts_first_audio", "TTS first audio"), ("first_audio_sent", "first audio sent"),
+                      ("stt_compute", "STT compute"), ("llm_compute", "LLM compute (first phrase)"),
+                      ("tts_first_compute", "TTS compute (first phrase)")):
+    setattr(SessionResponseInline, f"{_name}_display", _timing_column(_name, _label))
+
 
 @admin.register(Session)
 class SessionAdmin(ReadOnlyAdmin):
-    """Session history: read-only, filterable, searchable by session id."""
+    """Session history: the list, searchable by session id, API key and words said; each
+    session's page with its conversation, responses and timings, and a JSON export."""
 
-    list_display = ["session_id", "state_display", "end_reason", "process", "unit_index", "created_at",
-                    "ended_at", "turns", "responses", "errors", "quarantined_at", "released_by", "api_key",
-                    "client_address"]
+    list_display = ["session_id", "state_display", "end_reason", "created_at", "duration_display", "turns",
+                    "completed_responses", "cancelled_responses", "first_audio_display", "errors", "api_key",
+                    "process", "unit_index", "client_address"]
     list_filter = ["state", "end_reason", ("quarantined_at", admin.EmptyFieldListFilter), "process", "api_key"]
-    search_fields = ["session_id"]
+    search_fields = ["session_id", "api_key__name", "api_key__prefix", "items__text"]
+    search_help_text = "A session id, an API key's name or prefix, or words said in the session."
     date_hierarchy = "created_at"
     list_select_related = ["process", "released_by", "api_key"]
+    fieldsets = [
+        (None, {"fields": ["session_id", "state_display", "end_reason", "close_code", "process", "unit_index",
+                           "api_key", "client_address"]}),
+        ("Life", {"fields": ["created_at", "ended_at", "duration_display", "release_after", "drained_at",
+                             "quarantined_at", "released_at", "released_by"]}),
+        ("Counts", {"fields": ["turns", "responses", "completed_responses", "cancelled_responses",
+                               "first_audio_display", "audio_in_display", "audio_out_display", "errors",
+                               "stage_failures", "last_error", "history_dropped"]}),
+    ]
+    inlines = [ConversationItemInline, SessionResponseInline]
+
+    def get_urls(self):
+        return [path("<path:object_id>/export/", self.admin_site.admin_view(self.export_view),
+                     name="pool_session_export"), *super().get_urls()]
+
+    def export_view(self, request, object_id):
+        """The session as JSON: its record, its items in the Realtime API's item shape, the
+        errors it was sent and its responses with their timings."""
+        session = get_object_or_404(Session, pk=object_id)
+        if not self.has_view_permission(request, session):
+            raise PermissionDenied
+        items = list(session.items.all())
+        body = {
+            "session": {f.name: f.value_from_object(session) for f in Session._meta.concrete_fields
+                        if f.name not in ("process", "released_by", "api_key")},
+            "items": [item.data for item in items if item.kind != ConversationItem.ERROR],
+            "errors": [{"event_id": item.item_id, "at_ms": item.at_ms, "error": item.data}
+                       for item in items if item.kind == ConversationItem.ERROR],
+            "responses": list(session.response_records.values(
+                "response_id", "status", "reason", "at_ms", "input_tokens", "output_tokens", *timings.FIELDS)),
+        }
+        response = JsonResponse(body, json_dumps_params={"indent": 2})
+        response["Content-Disposition"] = f'attachment; filename="{session.session_id}.json"'
+        return response
 
     @admin.display(description="state", ordering="state")
     def state_display(self, session):
         return state_badge(session.state)
+
+    @admin.display(description="duration")
+    def duration_display(self, session):
+        return seconds(session.duration)
+
+    @admin.display(description="first audio p50", ordering="first_audio_p50_ms")
+    def first_audio_display(self, session):
+        return ms_as_seconds(session.first_audio_p50_ms)
+
+    @admin.display(description="audio in")
+    def audio_in_display(self, session):
+        return seconds(session.audio_in_seconds)
+
+    @admin.display(description="audio out")
+    def audio_out_display(self, session):
+        return seconds(session.audio_out_seconds)
 
 
 @admin.action(description="Revoke the selected API keys")

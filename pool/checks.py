@@ -59,7 +59,8 @@ def check_settings(app_configs, **kwargs):
 # Numbers that must be more than 0 when set (0 would refuse every client or end every session).
 POSITIVE = ("POOL_SIZE", "RELEASE_AFTER_SECONDS", "CLAIM_WAIT_SECONDS", "IDLE_TIMEOUT_SECONDS",
             "HEARTBEAT_SECONDS", "LOST_AFTER_SECONDS", "CONNECTS_PER_MINUTE", "MAX_SESSION_SECONDS",
-            "SLOW_CLIENT_SECONDS", "MAX_MESSAGE_BYTES", "LLM_MAX_OUTPUT_TOKENS", "LLM_CONTEXT_CHARS")
+            "SLOW_CLIENT_SECONDS", "MAX_MESSAGE_BYTES", "LLM_MAX_OUTPUT_TOKENS", "LLM_CONTEXT_CHARS",
+            "HISTORY_RETENTION_DAYS")
 
 
 def _check_proxies(user):

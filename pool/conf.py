@@ -105,6 +105,12 @@ DEFAULTS = {
         "of plain spoken English."
     ),
     "DEFAULT_VOICE": "alloy",
+    # Session history (the admin's session page): at most this many records (items, errors,
+    # responses) are kept per session; past it they are only counted.
+    "HISTORY_MAX_ITEMS": 2000,
+    # `manage.py prune_sessions` deletes finished sessions older than this, with their history
+    # (days; None: keep them).
+    "HISTORY_RETENTION_DAYS": 30,
     # Largest client WebSocket message (bytes). OpenAI accepts appends up to 15 MiB; Daphne is
     # configured a little above it so an oversize message gets an error event, not a dead socket.
     "MAX_MESSAGE_BYTES": 15 * 1024 * 1024,
@@ -119,6 +125,7 @@ OPTIONAL = {
     "TURN_MODEL": _PATH, "TTS_VOICES": _PATH, "LLM_BASE_URL": str, "STATUS_TOKEN": str,
     "ALLOWED_ORIGINS": (list, tuple), "IDLE_TIMEOUT_SECONDS": (int, float),
     "CONNECTS_PER_MINUTE": int, "MAX_SESSION_SECONDS": (int, float),
+    "HISTORY_RETENTION_DAYS": (int, float),
 }
 
 

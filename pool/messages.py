@@ -10,6 +10,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from .timings import Marks
+
 
 class SessionContext:
     """One session's link to its unit. ``sink(event)`` is called from stage threads.
@@ -95,8 +97,8 @@ class ResponseJob:
     # would otherwise slow each other down, and the LLM outpaces speech anyway.
     phrases_spoken: int = 0
     spoken: threading.Condition = field(default_factory=threading.Condition)
-    # time.perf_counter() marks set by the stages: "llm_start", "llm_first_text", "tts_first_audio"
-    timings: dict = field(default_factory=dict)
+    # The turn's marks (pool.timings): the session sets its own, the LLM and TTS stages theirs.
+    marks: Marks = field(default_factory=Marks)
     audio_seconds: float = 0.0  # speech synthesized so far (TTS stage)
 
     def phrase_spoken(self):

@@ -43,12 +43,10 @@ def unit_changed(registry, old, new):
 
 
 def turn(timings):
-    """Observe one turn's ``turn timings`` (milliseconds, see realtime.session._log_turn)."""
-    if timings.get("first_audio_sent_ms") is not None:
-        TURN_FIRST_AUDIO.labels(PROCESS).observe(timings["first_audio_sent_ms"] / 1000)
-    for stage, key in (("stt", "stt_compute_ms"), ("tts_first_phrase", "tts_first_compute_ms")):
-        if timings.get(key):
-            STAGE_SECONDS.labels(PROCESS, stage).observe(timings[key] / 1000)
-    if timings.get("llm_first_phrase_ms") is not None and timings.get("llm_start_ms") is not None:
-        STAGE_SECONDS.labels(PROCESS, "llm_first_phrase").observe(
-            (timings["llm_first_phrase_ms"] - timings["llm_start_ms"]) / 1000)
+    """Observe one voice turn's ``pool.timings.TurnTimings``."""
+    if timings.first_audio_sent_ms is not None:
+        TURN_FIRST_AUDIO.labels(PROCESS).observe(timings.first_audio_sent_ms / 1000)
+    for stage, ms in (("stt", timings.stt_compute_ms), ("llm_first_phrase", timings.llm_compute_ms),
+                      ("tts_first_phrase", timings.tts_first_compute_ms)):
+        if ms:
+            STAGE_SECONDS.labels(PROCESS, stage).observe(ms / 1000)

@@ -138,9 +138,92 @@ class Session(models.Model):
     last_error = models.TextField(blank=True)
     api_key = models.ForeignKey(APIKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
     client_address = models.GenericIPAddressField(null=True, blank=True)
+    completed_responses = models.PositiveIntegerField(default=0)
+    first_audio_p50_ms = models.FloatField(
+        null=True, blank=True, verbose_name="first audio p50 (ms)",
+        help_text="The median, over the session's voice turns, of the time from the end of the "
+                  "user's speech to the reply's first audio sent.")
+    history_dropped = models.PositiveIntegerField(
+        default=0, help_text="History records past HISTORY_MAX_ITEMS: counted, not stored.")
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self):
         return self.session_id
+
+    @property
+    def duration(self):
+        """Seconds from connect to the end (None while it goes on)."""
+        return None if self.ended_at is None else (self.ended_at - self.created_at).total_seconds()
+
+
+class ConversationItem(models.Model):
+    """One item of a session's conversation as it ended (or an ``error`` event sent), for the
+    admin's timeline and the JSON export. Written by the recorder when the item is final: a user
+    turn once transcribed, an assistant message once spoken (cut where it was interrupted)."""
+
+    MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR = (
+        "message", "function_call", "function_call_output", "error")
+    KINDS = [(k, k.replace("_", " ")) for k in (MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR)]
+
+    session = models.ForeignKey(Session, to_field="session_id", on_delete=models.CASCADE, related_name="items")
+    item_id = models.CharField(max_length=64, help_text="The item's id (an error's event id).")
+    kind = models.CharField(max_length=24, choices=KINDS)
+    role = models.CharField(max_length=16, blank=True)
+    status = models.CharField(max_length=16, blank=True)
+    text = models.TextField(blank=True, help_text="What was said or written (a spoken reply: as far as "
+                                                  "it was heard); a call's name and arguments; an error.")
+    at_ms = models.PositiveIntegerField(verbose_name="at (ms)", help_text="Since the session started.")
+    audio_start_ms = models.PositiveIntegerField(null=True, blank=True,
+                                                 help_text="Of a user turn, in the input audio buffer.")
+    audio_end_ms = models.PositiveIntegerField(null=True, blank=True)
+    audio_ms = models.PositiveIntegerField(null=True, blank=True, help_text="Of a reply: audio sent, "
+                                                                           "or heard when truncated.")
+    interrupted = models.BooleanField(default=False)
+    voice = models.CharField(max_length=64, blank=True)
+    response_id = models.CharField(max_length=64, blank=True)
+    data = models.JSONField(help_text="The item in the Realtime API's shape (an error: the error object).")
+
+    class Meta:
+        ordering = ["session", "at_ms", "id"]
+        constraints = [models.UniqueConstraint(fields=["session", "item_id"], name="item_per_session")]
+
+    def __str__(self):
+        return self.item_id
+
+
+class SessionResponse(models.Model):
+    """One response of a session: how it ended and, for a voice turn, its timings (the fields of
+    ``pool.timings.TurnTimings``, milliseconds from the end of the user's speech)."""
+
+    session = models.ForeignKey(Session, to_field="session_id", on_delete=models.CASCADE,
+                                related_name="response_records")
+    response_id = models.CharField(max_length=64)
+    status = models.CharField(max_length=16)
+    reason = models.CharField(max_length=64, blank=True, help_text="status_details: why it was "
+                                                                    "cancelled, or its error code.")
+    at_ms = models.PositiveIntegerField(verbose_name="at (ms)", help_text="Created, since the session started.")
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    committed_ms = models.FloatField(null=True, blank=True)
+    transcribed_ms = models.FloatField(null=True, blank=True)
+    response_created_ms = models.FloatField(null=True, blank=True)
+    llm_start_ms = models.FloatField(null=True, blank=True)
+    llm_first_text_ms = models.FloatField(null=True, blank=True)
+    llm_first_phrase_ms = models.FloatField(null=True, blank=True)
+    tts_first_audio_ms = models.FloatField(null=True, blank=True)
+    first_audio_sent_ms = models.FloatField(null=True, blank=True)
+    stt_compute_ms = models.FloatField(null=True, blank=True)
+    llm_compute_ms = models.FloatField(null=True, blank=True)
+    tts_first_compute_ms = models.FloatField(null=True, blank=True)
+    tts_first_phrase_audio_ms = models.FloatField(null=True, blank=True)
+    stt_speculative = models.BooleanField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "response"
+        ordering = ["session", "at_ms", "id"]
+        constraints = [models.UniqueConstraint(fields=["session", "response_id"], name="response_per_session")]
+
+    def __str__(self):
+        return self.response_id

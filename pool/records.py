@@ -3,8 +3,9 @@
 Callers (the consumer on the event loop, the registry from stage threads) only put a small
 message on a queue and never wait for the database. The thread writes what has queued up in one
 transaction, and keeps it queued through a database outage until the database is back. The
-queue carries a handful of lifecycle messages per session (start, end, each unit state change),
-so its growth is bounded by the rate of sessions, not by audio (and capped at MAX_PENDING). The thread also heart-beats the process row and closes, as ``lost``,
+queue carries a handful of lifecycle messages per session (start, end, each unit state change)
+and its history (one record per item and per response, at most HISTORY_MAX_ITEMS), never audio,
+and it is capped at MAX_PENDING. The thread also heart-beats the process row and closes, as ``lost``,
 the open sessions of processes whose heartbeat stopped (a crash, a kill -9, a lost host).
 """
 
@@ -14,6 +15,7 @@ import queue
 import socket
 import threading
 import time
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
@@ -25,6 +27,39 @@ _STOP = object()
 BATCH = 200  # messages written per transaction
 RETRY_MAX_SECONDS = 5.0  # the longest pause between attempts while the database is unavailable
 MAX_PENDING = 20_000  # messages kept while the database is down (a session makes about six)
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """A conversation item of a session, as it ended (``pool.models.ConversationItem``'s fields)."""
+
+    item_id: str
+    kind: str
+    role: str
+    status: str
+    text: str
+    at_ms: int
+    data: dict
+    audio_start_ms: int | None = None
+    audio_end_ms: int | None = None
+    audio_ms: int | None = None
+    interrupted: bool = False
+    voice: str = ""
+    response_id: str = ""
+
+
+@dataclass(frozen=True)
+class ResponseRecord:
+    """A response of a session, as it ended; ``timings``: a ``pool.timings.TurnTimings`` for
+    a voice turn, else None (``pool.models.SessionResponse``'s fields)."""
+
+    response_id: str
+    status: str
+    reason: str
+    at_ms: int
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    timings: object = None
 
 
 class _Flush:
@@ -47,6 +82,9 @@ class NoRecords:
         pass
 
     def unit_changed(self, unit, old, new, session_id):
+        pass
+
+    def history(self, session_id, record):
         pass
 
     def stop(self, timeout=5.0):
@@ -76,6 +114,10 @@ class Records(NoRecords):
 
     def unit_changed(self, unit, old, new, session_id):
         self._put((self._unit_changed, (unit.index, old, new, session_id, timezone.now())))
+
+    def history(self, session_id, record):
+        """Keep an ``ItemRecord`` or ``ResponseRecord`` of a session."""
+        self._put((self._history, (session_id, record)))
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -200,6 +242,19 @@ class Records(NoRecords):
         Session.objects.filter(session_id=session_id).update(
             ended_at=now, end_reason=reason, close_code=close_code,
             release_after=now + timedelta(seconds=self.release_after), **counts)
+
+    def _history(self, session_id, record):
+        from .models import ConversationItem, SessionResponse
+
+        # ignore_conflicts: a batch whose commit was cut off by an outage may be written again.
+        if isinstance(record, ItemRecord):
+            ConversationItem.objects.bulk_create([ConversationItem(session_id=session_id, **asdict(record))],
+                                                 ignore_conflicts=True)
+        else:
+            fields = asdict(record)
+            timings = fields.pop("timings") or {}
+            SessionResponse.objects.bulk_create([SessionResponse(session_id=session_id, **fields, **timings)],
+                                                ignore_conflicts=True)
 
     def _unit_changed(self, index, old, new, session_id, now):
         from .models import Session, Unit

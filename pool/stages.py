@@ -352,7 +352,8 @@ class LLMStage:
             self._tts_inbox.put((ctx, m.JobEnd(job, {})))
             return
         splitter = PhraseSplitter()
-        started = job.timings["llm_start"] = time.perf_counter()
+        job.marks.reach("llm_start")
+        started = job.marks.llm_start
         resumes = self._llm.resumes
         said = []  # the reply's text so far
         queued = 0  # phrases sent to TTS
@@ -363,15 +364,14 @@ class LLMStage:
 
         def on_text(text):
             nonlocal pause, queued
-            if "llm_first_text" not in job.timings:
-                job.timings["llm_first_text"] = time.perf_counter()
+            if job.marks.reach("llm_first_text"):
                 text = text.lstrip()
             said.append(text)
             if job.modality == "text":
                 ctx.emit(m.ResponseText(job.response_id, text))
                 return
             for phrase in splitter.push(text):
-                job.timings.setdefault("llm_first_phrase", time.perf_counter())
+                job.marks.reach("llm_first_phrase")
                 self._tts_inbox.put((ctx, m.Phrase(job, phrase)))
                 queued += 1
                 if resumes:
@@ -407,7 +407,7 @@ class LLMStage:
             error = f"{type(exc).__name__}: {exc}"
         rest = splitter.flush()
         if rest.strip() and job.modality == "audio":
-            job.timings.setdefault("llm_first_phrase", time.perf_counter())
+            job.marks.reach("llm_first_phrase")
             self._tts_inbox.put((ctx, m.Phrase(job, rest)))
         usage["llm_seconds"] = time.perf_counter() - started
         self._tts_inbox.put((ctx, m.JobEnd(job, usage, error)))
@@ -475,7 +475,7 @@ class TTSStage:
     def _lead(job):
         """Seconds of the reply's audio the client holds and has not played (played in real
         time from the first audio), or None before the first audio."""
-        first = job.timings.get("tts_first_audio")
+        first = job.marks.tts_first_audio
         return None if first is None else job.audio_seconds - (time.perf_counter() - first)
 
     def _speak(self, ctx, job, text):
@@ -486,10 +486,9 @@ class TTSStage:
             return False
         seconds = time.perf_counter() - started
         self._pace.observe(len(text.split()), len(samples) / TTS_RATE, seconds)
-        if "tts_first_audio" not in job.timings:
-            job.timings["tts_first_audio"] = time.perf_counter()
-            job.timings["tts_first_seconds"] = seconds
-            job.timings["tts_first_audio_seconds"] = len(samples) / TTS_RATE
+        if job.marks.reach("tts_first_audio"):
+            job.marks.tts_first_compute_s = seconds
+            job.marks.tts_first_phrase_audio_s = len(samples) / TTS_RATE
         job.audio_seconds += len(samples) / TTS_RATE
         self._send(ctx, job, text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE, seconds)
         return True

@@ -109,11 +109,13 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             "interrupt_min_speech_ms": config["INTERRUPT_MIN_SPEECH_MS"],
             "backchannel_words": config["BACKCHANNEL_WORDS"],
             "backchannel_prompt": config["BACKCHANNEL_PROMPT"],
+            "history_max_items": config["HISTORY_MAX_ITEMS"],
         }
         self.flow = WriteFlow(self.base_send)
         self.sender = asyncio.create_task(self._send_loop())
         self.ctx = self.unit.begin(self._from_pipeline)
-        self.session = RealtimeSession(session_id, self.unit, self.outbox.put_nowait, defaults)
+        self.session = RealtimeSession(session_id, self.unit, self.outbox.put_nowait, defaults,
+                                       self.registry.records)
         self.session.start()
         self.started = self.last_client_event = time.monotonic()
         if config["IDLE_TIMEOUT_SECONDS"] or config["MAX_SESSION_SECONDS"]:

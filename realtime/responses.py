@@ -30,7 +30,6 @@ class Response:
         self.audio_ms = 0.0  # audio of the open item sent so far
         self.truncated_ms = None  # set when the client truncated the open item while it played
         self.turns = []  # the user turns this reply is the first to see (realtime.turns)
-        self.marks = {}  # time.perf_counter() marks of the turn it answers (turn timings)
 
     def where(self, item, content=True):
         """The addressing fields of an output item's events."""

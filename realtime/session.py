@@ -22,12 +22,15 @@ from pool import metrics
 from pool.backends.llm import LLMRequest
 from pool.backends.tts import voice_language
 from pool.ids import new_id
+from pool.records import NoRecords
+from pool.timings import Marks, TurnTimings
 
 from . import conversation as conv
 from . import session_config as sc
 from .audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
 from .errors import ProtocolError
 from .events import require
+from .history import SessionHistory
 from .responses import Response, response_params
 from .turns import TurnTaking
 
@@ -48,11 +51,12 @@ class RealtimeSession:
     ``port``: the unit, with ``submit(msg) -> bool``; ``send(event_dict)``: queues a server event;
     ``defaults``: ``{"model", "instructions", "voice", "max_output_tokens"}`` of new sessions, and
     optionally ``"context_chars"`` (the LLM context budget, characters), ``"turn_detection"``
-    ("server_vad" or "semantic_vad"), ``"interrupt_min_speech_ms"``, ``"backchannel_words"`` and
-    ``"backchannel_prompt"`` (see ``pool.conf``).
+    ("server_vad" or "semantic_vad"), ``"interrupt_min_speech_ms"``, ``"backchannel_words"``,
+    ``"backchannel_prompt"`` and ``"history_max_items"`` (see ``pool.conf``); ``recorder``: where
+    its history goes (``pool.records.Records``; the default keeps nothing).
     """
 
-    def __init__(self, session_id, port, send, defaults):
+    def __init__(self, session_id, port, send, defaults, recorder=NoRecords()):
         self.id = session_id
         self._port = port
         self._send_raw = send
@@ -66,10 +70,11 @@ class RealtimeSession:
                                 defaults.get("backchannel_words", ()), defaults.get("backchannel_prompt"))
         self.response = None  # the active Response
         # The session row's counters (pool.models.Session), reported when the session ends.
-        self.stats = {"turns": 0, "responses": 0, "cancelled_responses": 0, "errors": 0,
+        self.stats = {"turns": 0, "responses": 0, "completed_responses": 0, "cancelled_responses": 0, "errors": 0,
                       "stage_failures": 0, "audio_in_seconds": 0.0, "audio_out_seconds": 0.0,
                       "last_error": ""}
-        self._turn_marks = {}
+        self._turn_marks = Marks()  # of the latest voice turn (pool.timings)
+        self.history = SessionHistory(session_id, recorder, defaults.get("history_max_items", 2000))
         self._input_format = None
         self._configure_input()
 
@@ -87,17 +92,21 @@ class RealtimeSession:
         self.stats["errors"] += 1
         self.stats["last_error"] = f"{error.code}: {error.message}"[:500]
         metrics.ERRORS.labels(metrics.PROCESS, error.code).inc()
-        self.send("error", error=error.to_error())
+        event_id, body = new_id("event"), error.to_error()
+        self.history.error(event_id, body)
+        self._send_raw({"type": "error", "event_id": event_id, "error": body})
 
     def start(self):
         """The first server event of every session."""
         self.send("session.created", session=copy.deepcopy(self.config))
 
     def close(self):
-        """The client is gone: stop the active response's generation and speech now."""
+        """The client is gone: stop the active response's generation and speech now, and close
+        the history (its summary joins ``stats``)."""
         self.turns.close()
         if self.response is not None:
             self.response.job.cancelled.set()
+        self.stats.update(self.history.close())
 
     def input_pending(self):
         """True while audio the client sent has not been through the VAD yet."""
@@ -175,6 +184,7 @@ class RealtimeSession:
             raise ProtocolError("invalid_tool_call_id", f"No function call with call_id "
                                 f"'{item['call_id'][:100]}' in the conversation.", param="item.call_id")
         self._insert_item(item, previous)
+        self.history.item(item)
 
     def _on_conversation_item_retrieve(self, event):
         item = self.conversation.get(require(event, "item_id", str))
@@ -260,18 +270,21 @@ class RealtimeSession:
                                                   self.config["truncation"], self._context_chars)
         request = LLMRequest(messages, params["max_tokens"], params["tools"], params["tool_choice"])
         audio_out = self.config["audio"]["output"]
+        # The marks of the voice turn it answers travel with it (the next turn may start); a
+        # later response (a client's response.create after text) answers no voice turn.
+        marks, self._turn_marks = self._turn_marks, Marks()
+        marks.reach("response_created")
         job = m.ResponseJob(response_id, request, params["modality"], audio_out["voice"],
-                            audio_out["speed"], OutputAudioEncoder(audio_out["format"]))
+                            audio_out["speed"], OutputAudioEncoder(audio_out["format"]), marks=marks)
         response = Response(response_id, job, params["conversation"], params["metadata"],
                             params["modality"], automatic)
         if not self._port.submit(job):
             raise ProtocolError("server_busy", "The unit cannot take another response now.",
                                 type="server_error", event_id=event_id)
         self.response = response
+        self.history.opened(response_id)
         self.stats["responses"] += 1
         self.turns.response_created(response)
-        # The marks of the turn this response answers travel with it (the next turn may start).
-        response.marks = {**self._turn_marks, "response_created": time.perf_counter()}
         self.send("response.created", response=response.body("in_progress"))
 
     def cancel_response(self, reason):
@@ -283,15 +296,19 @@ class RealtimeSession:
         goes out, and turn-taking decides what comes next."""
         response, self.response = self.response, None
         response.job.cancelled.set()
-        if status == "cancelled":
-            self.stats["cancelled_responses"] += 1
+        if status in ("cancelled", "completed"):
+            self.stats[f"{status}_responses"] += 1
         self._close_item(response, "completed" if status == "completed" else "incomplete")
         self.send("response.done", response=response.body(status, details, usage))
-        if status == "completed":
-            self._log_turn(response)
+        timings = TurnTimings.from_marks(response.job.marks)
+        self.history.response(response.id, status, details, usage, timings)
+        if status == "completed" and timings is not None:
+            log.info("turn timings %s %s", response.id, json.dumps(timings.as_dict()))
+            metrics.turn(timings)
         self.turns.response_ended(response, status, (details or {}).get("reason"))
 
     def _add_output(self, response, item):
+        self.history.opened(item["id"])
         response.output.append(item)
         if response.in_conversation:
             previous = self.conversation.last_id()
@@ -306,6 +323,8 @@ class RealtimeSession:
                   output_index=response.output.index(item), item=conv.public(item))
         if response.in_conversation:
             self.send("conversation.item.done", item=conv.public(item))
+        voice = response.job.voice if item["type"] == "message" and response.modality == "audio" else ""
+        self.history.item(item, response.id, voice)
 
     def _open_item(self, response):
         item = conv.assistant_message(response.modality)
@@ -352,20 +371,25 @@ class RealtimeSession:
                 self.send_error(error)
 
     def _on_speech_started(self, event):
-        self._turn_marks = {}
+        self._turn_marks = Marks()
+        self.history.speech_started(event.item_id, event.audio_start_ms)
         self.turns.speech_started(event)
 
     def _on_speech_stopped(self, event):
-        self._turn_marks["speech_stopped"] = time.perf_counter()
+        self._turn_marks.reach("speech_stopped")
+        self.history.speech_stopped(event.item_id, event.audio_end_ms)
         self.turns.speech_stopped()
         self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.audio_end_ms,
                   item_id=event.item_id)
 
     def _on_input_committed(self, event):
         self.stats["turns"] += 1
+        self._turn_marks.reach("committed")
         self.send("input_audio_buffer.committed", previous_item_id=self.conversation.last_id(),
                   item_id=event.item_id)
-        self._insert_item(conv.user_audio_item(event.item_id))
+        item = conv.user_audio_item(event.item_id)
+        self._insert_item(item)
+        self.history.committed(item)
         self.turns.committed(event.item_id)
 
     def _on_input_cleared(self, event):
@@ -377,9 +401,9 @@ class RealtimeSession:
                                       param="audio" if event.code in ("invalid_base64", "invalid_audio") else None))
 
     def _on_transcribed(self, event):
-        self._turn_marks["transcribed"] = time.perf_counter()
-        self._turn_marks["stt_seconds"] = event.stt_seconds
-        self._turn_marks["stt_speculative"] = event.speculative
+        self._turn_marks.reach("transcribed")
+        self._turn_marks.stt_compute_s = event.stt_seconds
+        self._turn_marks.stt_speculative = event.speculative
         item = self.items.get(event.item_id)
         if item is not None:  # else deleted while it was transcribed
             item["content"][0]["transcript"] = event.transcript
@@ -390,6 +414,7 @@ class RealtimeSession:
                 self.send("conversation.item.input_audio_transcription.completed",
                           item_id=event.item_id, content_index=0, transcript=event.transcript,
                           usage={"type": "duration", "seconds": round(event.audio_seconds, 3)})
+        self.history.transcribed(event.item_id)
         self.turns.transcribed(event.item_id)
 
     def _on_transcription_failed(self, event):
@@ -397,6 +422,7 @@ class RealtimeSession:
             self.send("conversation.item.input_audio_transcription.failed", item_id=event.item_id,
                       content_index=0, error={"type": "transcription_error", "code": "transcription_failed",
                                               "message": event.message, "param": None})
+        self.history.transcribed(event.item_id)
         self.turns.transcribed(event.item_id)
 
     def _active(self, response_id):
@@ -417,7 +443,7 @@ class RealtimeSession:
             return
         if response.item is None:
             self._open_item(response)
-            response.marks["first_audio"] = time.perf_counter()
+            response.job.marks.reach("first_audio_sent")
         where = response.where(response.item)
         if event.transcript:
             response.text.append(event.transcript)
@@ -464,34 +490,3 @@ class RealtimeSession:
         if self.response is not None and event.stage in ("llm", "tts"):
             self._end_response("failed", {"type": "failed", "error": {
                 "type": "server_error", "code": "stage_failed", "message": event.message}})
-
-    def _log_turn(self, response):
-        """One JSON log line per voice turn: milliseconds from speech_stopped to each stage mark,
-        and each stage's own compute time (read by bench/turn_latency.py)."""
-        marks, timings = response.marks, response.job.timings
-        stopped = marks.get("speech_stopped")
-        if stopped is None:
-            return
-
-        def since(t):
-            return round((t - stopped) * 1000, 1) if t else None
-
-        turn = {
-            "session": self.id,
-            "response": response.id,
-            "transcribed_ms": since(marks.get("transcribed")),
-            "response_created_ms": since(marks.get("response_created")),
-            "llm_start_ms": since(timings.get("llm_start")),
-            "llm_first_text_ms": since(timings.get("llm_first_text")),
-            "llm_first_phrase_ms": since(timings.get("llm_first_phrase")),
-            "tts_first_audio_ms": since(timings.get("tts_first_audio")),
-            "first_audio_sent_ms": since(marks.get("first_audio")),
-            "stt_compute_ms": round(marks.get("stt_seconds", 0) * 1000, 1),
-            "stt_speculative": marks.get("stt_speculative", False),  # computed before the commit
-            "tts_first_compute_ms": round(timings.get("tts_first_seconds", 0) * 1000, 1),
-            "tts_first_phrase_audio_ms": round(timings.get("tts_first_audio_seconds", 0) * 1000, 1),
-            "audio_out_s": round(response.audio_ms / 1000, 2),
-        }
-        log.info("turn timings %s", json.dumps(turn))
-        metrics.turn(turn)
-

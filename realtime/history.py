@@ -1,0 +1,126 @@
+"""What one session leaves in its history: its items, the errors it was sent, its responses.
+
+The session tells ``SessionHistory`` when an item is final (a user turn once transcribed, a reply
+once it has stopped, a client's item at once), when it sent an error and how each response
+ended. Each becomes one record (``pool.records.ItemRecord`` / ``ResponseRecord``) on the
+recorder's queue: written by the recorder thread in batches, never per audio frame, and never
+waited for. At most ``max_items`` records are kept per session; past that they are counted.
+"""
+
+import statistics
+import time
+
+from pool.records import ItemRecord, ResponseRecord
+
+from .conversation import public
+
+TEXT_LIMIT = 10_000  # characters kept of one text: a client item may be 15 MiB
+
+
+def _cut(value):
+    """``value`` (an item's JSON) with every string cut to TEXT_LIMIT characters."""
+    if isinstance(value, str):
+        return value[:TEXT_LIMIT]
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    return value
+
+
+def item_text(item):
+    """The words of an item: its text or transcript parts, a call's ``name(arguments)``, a
+    call's output."""
+    if item["type"] == "function_call":
+        return f"{item.get('name', '')}({item.get('arguments', '')})"
+    if item["type"] == "function_call_output":
+        return item.get("output", "")
+    parts = (part.get("text") or part.get("transcript") or "" for part in item.get("content", []))
+    return " ".join(p for p in parts if p)
+
+
+class SessionHistory:
+    """The history of session ``session_id``, kept through ``recorder.history(session_id,
+    record)`` (``pool.records.Records``; ``NoRecords`` keeps nothing). Times (``at_ms``) are
+    milliseconds since the session started."""
+
+    def __init__(self, session_id, recorder, max_items):
+        self.session_id = session_id
+        self._recorder = recorder
+        self._max_items = max_items
+        self._started = time.monotonic()
+        self._opened = {}  # item or response id -> at_ms it began (speech started, reply opened)
+        self._speech = {}  # user item id -> [audio_start_ms, audio_end_ms] (VAD, buffer time)
+        self._awaiting = {}  # user audio item id -> item, committed and not yet transcribed
+        self.kept = self.dropped = 0
+        self._first_audio_ms = []  # of the session's answered voice turns
+
+    def now_ms(self):
+        return int((time.monotonic() - self._started) * 1000)
+
+    def opened(self, some_id):
+        """An item or response begins now (its record, written later, is placed here)."""
+        self._opened.setdefault(some_id, self.now_ms())
+
+    def speech_started(self, item_id, audio_start_ms):
+        self.opened(item_id)
+        self._speech[item_id] = [audio_start_ms, None]
+
+    def speech_stopped(self, item_id, audio_end_ms):
+        if item_id in self._speech:
+            self._speech[item_id][1] = audio_end_ms
+
+    def committed(self, item):
+        """A user audio turn: kept once ``transcribed`` (or when the session ends)."""
+        self.opened(item["id"])
+        self._awaiting[item["id"]] = item
+
+    def transcribed(self, item_id):
+        item = self._awaiting.pop(item_id, None)
+        if item is not None:
+            self.item(item)
+
+    def item(self, item, response_id="", voice=""):
+        """Keep ``item`` (a conversation item dict, as it is now)."""
+        start, end = self._speech.pop(item["id"], (None, None))
+        audio_ms = item.get("_audio_ms")
+        self._keep(ItemRecord(
+            item_id=item["id"], kind=item["type"], role=item.get("role", ""), status=item.get("status", ""),
+            text=item_text(item)[:TEXT_LIMIT], at_ms=self._opened.pop(item["id"], None) or self.now_ms(),
+            data=_cut(public(item)), audio_start_ms=start, audio_end_ms=end,
+            audio_ms=None if audio_ms is None else int(audio_ms),
+            interrupted=item.get("role") == "assistant" and item.get("status") == "incomplete",
+            voice=voice, response_id=response_id))
+
+    def error(self, event_id, error):
+        """Keep an ``error`` event sent (``error``: its error object)."""
+        self._keep(ItemRecord(item_id=event_id, kind="error", role="", status="", at_ms=self.now_ms(),
+                              text=f"{error['code']}: {error['message']}"[:TEXT_LIMIT], data=_cut(error)))
+
+    def response(self, response_id, status, details, usage, timings):
+        """Keep how a response ended (``details``: its status_details; ``timings``: a
+        ``pool.timings.TurnTimings`` or None)."""
+        details = details or {}
+        reason = details.get("reason") or (details.get("error") or {}).get("code") or ""
+        usage = usage or {}
+        if timings is not None and status == "completed" and timings.first_audio_sent_ms is not None:
+            self._first_audio_ms.append(timings.first_audio_sent_ms)
+        self._keep(ResponseRecord(
+            response_id=response_id, status=status, reason=reason,
+            at_ms=self._opened.pop(response_id, None) or self.now_ms(),
+            input_tokens=usage.get("input_tokens"), output_tokens=usage.get("output_tokens"), timings=timings))
+
+    def close(self):
+        """The session ends: keep the turns still waiting for their transcript. Returns the
+        session row's history fields (``pool.models.Session``)."""
+        for item_id in list(self._awaiting):
+            self.transcribed(item_id)
+        p50 = statistics.median(self._first_audio_ms) if self._first_audio_ms else None
+        return {"first_audio_p50_ms": p50, "history_dropped": self.dropped}
+
+    def _keep(self, record):
+        if self.kept >= self._max_items:
+            self.dropped += 1
+            return
+        self.kept += 1
+        self._recorder.history(self.session_id, record)

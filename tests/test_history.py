@@ -1,0 +1,160 @@
+"""The session history: what a session leaves in the database (its conversation, the errors it
+was sent, each response with its timings), how the admin shows it, and how it is pruned.
+
+Scripted test backend (real Silero VAD on jfk.flac; scripted STT, LLM and TTS), recorded to the
+test database by the real recorder thread.
+"""
+
+import asyncio
+import json
+from datetime import timedelta
+from io import StringIO
+
+import numpy as np
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client as HttpClient
+from django.utils import timezone
+
+from pool.backends.scripted import SCRIPT
+from pool.models import ConversationItem, Session, SessionResponse
+from pool.timings import FIELDS
+
+from .helpers import appends, jfk_segment, silence, user_text
+
+QUESTION = (0.0, 2.6)  # "And so my fellow Americans", then a pause (test_turn_taking)
+
+
+def admin_browser():
+    User.objects.filter(username="root").exists() or User.objects.create_superuser("root", password="pw")
+    browser = HttpClient()
+    assert browser.login(username="root", password="pw")
+    return browser
+
+
+async def a_conversation(client):
+    """A spoken turn answered, a bad event, a text turn whose reply the client cancels after
+    its first audio. Returns the items the client was shown, by id."""
+    SCRIPT.transcript = "What should I ask my country?"
+    for append in appends(np.concatenate([jfk_segment(*QUESTION), silence(1.5)])):
+        await client.send(append)
+    done = await client.until("response.done", timeout=30)
+    assert done["response"]["status"] == "completed"
+    await client.send({"type": "session.update", "session": {"audio": {"output": {"speed": 99}}}})
+    assert (await client.until("error"))["error"]["code"] == "invalid_value"
+    SCRIPT.token_delay = 0.05  # a reply that takes a while
+    await client.send(user_text("Tell me a long story."))
+    await client.send({"type": "response.create"})
+    await client.until("response.output_audio.delta")
+    await client.send({"type": "response.cancel"})
+    cancelled = await client.until("response.done")
+    assert cancelled["response"]["status"] == "cancelled"
+    await asyncio.sleep(0.2)
+    shown = {}
+    for event in client.received:
+        if event["type"] in ("conversation.item.added", "conversation.item.done", "response.output_item.done"):
+            shown[event["item"]["id"]] = event["item"]
+        elif event["type"] == "conversation.item.input_audio_transcription.completed":
+            shown[event["item_id"]]["content"][0]["transcript"] = event["transcript"]
+    return shown, done["response"]["id"], cancelled["response"]["id"]
+
+
+async def test_a_session_keeps_its_conversation_errors_and_turn_timings(recorded_pool, connect):
+    client = await connect()
+    session_id = (await client.until("session.created"))["session"]["id"]
+    shown, answered_id, cancelled_id = await a_conversation(client)
+    await client.ws.disconnect()
+    await asyncio.sleep(0.2)
+    assert recorded_pool.records.flush()
+
+    items = [item async for item in ConversationItem.objects.filter(session_id=session_id)]
+    assert [(i.kind, i.role) for i in items] == [
+        ("message", "user"), ("message", "assistant"), ("error", ""), ("message", "user"), ("message", "assistant")]
+    spoken, reply, error, typed, cut = items
+    assert spoken.text == SCRIPT.transcript and spoken.audio_start_ms < spoken.audio_end_ms
+    assert reply.text == SCRIPT.reply and reply.voice == "alloy" and not reply.interrupted
+    assert reply.response_id == answered_id and reply.audio_ms > 0
+    assert error.text.startswith("invalid_value: ") and error.data["param"] == "session.audio.output.speed"
+    assert typed.text == "Tell me a long story."
+    assert cut.interrupted and cut.status == "incomplete" and len(cut.text) < len(SCRIPT.reply)
+    assert [i.at_ms for i in items] == sorted(i.at_ms for i in items)
+    # Every item is kept in the Realtime API's shape, as the client was last shown it.
+    for item in items:
+        if item.kind != "error":
+            assert item.data == shown[item.item_id]
+
+    rows = {r.response_id: r async for r in SessionResponse.objects.filter(session_id=session_id)}
+    voice_turn = rows[answered_id]
+    assert voice_turn.status == "completed" and voice_turn.output_tokens > 0
+    steps = [voice_turn.response_created_ms, voice_turn.llm_start_ms, voice_turn.llm_first_text_ms,
+             voice_turn.llm_first_phrase_ms, voice_turn.tts_first_audio_ms, voice_turn.first_audio_sent_ms]
+    assert None not in steps and steps == sorted(steps) and 0 <= voice_turn.committed_ms <= steps[0]
+    assert voice_turn.stt_compute_ms is not None and voice_turn.tts_first_compute_ms is not None
+    text_turn = rows[cancelled_id]  # no speech ended it: no turn timings
+    assert (text_turn.status, text_turn.reason) == ("cancelled", "client_cancelled")
+    assert all(getattr(text_turn, name) is None for name in FIELDS if name != "stt_speculative")
+
+    row = await Session.objects.aget(session_id=session_id)
+    assert (row.turns, row.responses, row.completed_responses, row.cancelled_responses) == (1, 2, 1, 1)
+    assert row.first_audio_p50_ms == voice_turn.first_audio_sent_ms and row.history_dropped == 0
+
+    await asyncio.to_thread(_admin_shows, row, reply.text, shown, items)
+
+
+def _admin_shows(row, reply_text, shown, items):
+    browser = admin_browser()
+    page = browser.get(f"/admin/pool/session/{row.pk}/change/").content.decode()
+    assert "What should I ask my country?" in page and "[interrupted]" in page
+    assert "invalid_value: " in page and "First audio sent" in page
+    found = browser.get("/admin/pool/session/", {"q": "ask my country"}).content.decode()
+    assert row.session_id in found
+    assert row.session_id not in browser.get("/admin/pool/session/", {"q": "never said"}).content.decode()
+    export = json.loads(browser.get(f"/admin/pool/session/{row.pk}/export/").content)
+    assert export["items"] == [shown[i.item_id] for i in items if i.kind != "error"]
+    assert [e["error"]["code"] for e in export["errors"]] == ["invalid_value"]
+    assert {r["status"] for r in export["responses"]} == {"completed", "cancelled"}
+    overview = browser.get("/admin/pool/serverprocess/overview/").content.decode()
+    assert "unit 0" in overview and ("idle" in overview or "draining" in overview)
+
+
+async def test_history_keeps_at_most_HISTORY_MAX_ITEMS_and_counts_the_rest(recorded_pool, connect, settings):
+    settings.S2S = {**settings.S2S, "HISTORY_MAX_ITEMS": 3}
+    client = await connect()
+    session_id = (await client.until("session.created"))["session"]["id"]
+    for n in range(5):
+        await client.send(user_text(f"note {n}"))
+        await client.until("conversation.item.done")
+    await client.ws.disconnect()
+    await asyncio.sleep(0.2)
+    assert recorded_pool.records.flush()
+    texts = [i.text async for i in ConversationItem.objects.filter(session_id=session_id)]
+    assert texts == ["note 0", "note 1", "note 2"]
+    assert (await Session.objects.aget(session_id=session_id)).history_dropped == 2
+
+
+@pytest.mark.django_db
+def test_prune_sessions_deletes_old_finished_sessions_with_their_history(settings):
+    now = timezone.now()
+
+    def session(name, age_days, ended=True):
+        created = now - timedelta(days=age_days)
+        row = Session.objects.create(session_id=name, unit_index=0, created_at=created,
+                                     ended_at=created + timedelta(minutes=1) if ended else None)
+        ConversationItem.objects.create(session=row, item_id=f"item_{name}", kind="message", role="user",
+                                        text="hi", at_ms=0, data={})
+        SessionResponse.objects.create(session=row, response_id=f"resp_{name}", status="completed", at_ms=1)
+
+    session("old", 40)
+    session("older", 90)
+    session("recent", 5)
+    session("old_but_open", 40, ended=False)  # a session still going (or lost, not yet marked) is kept
+    out = StringIO()
+    call_command("prune_sessions", "--dry-run", stdout=out)
+    assert "2 sessions" in out.getvalue() and Session.objects.count() == 4
+    call_command("prune_sessions", "--batch-size", "1", stdout=StringIO())
+    assert set(Session.objects.values_list("session_id", flat=True)) == {"recent", "old_but_open"}
+    assert ConversationItem.objects.count() == SessionResponse.objects.count() == 2
+    settings.S2S = {"HISTORY_RETENTION_DAYS": 3}
+    call_command("prune_sessions", stdout=StringIO())
+    assert set(Session.objects.values_list("session_id", flat=True)) == {"old_but_open"}
