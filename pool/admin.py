@@ -4,7 +4,8 @@ conversation, responses and turn latency, with a JSON export)."""
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.http import JsonResponse
+from django.db.models import FileField
+from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path
@@ -226,8 +227,24 @@ class SessionAdmin(ReadOnlyAdmin):
     inlines = [ConversationItemInline, SessionResponseInline]
 
     def get_urls(self):
-        return [path("<path:object_id>/export/", self.admin_site.admin_view(self.export_view),
-                     name="pool_session_export"), *super().get_urls()]
+        view = self.admin_site.admin_view
+        return [path("<path:object_id>/export/", view(self.export_view), name="pool_session_export"),
+                path("<path:object_id>/recording/<str:side>/", view(self.recording_view),
+                     name="pool_session_recording"),
+                *super().get_urls()]
+
+    def recording_view(self, request, object_id, side):
+        """One side ("user" or "assistant") of a session's recording, as FLAC, for users with
+        the ``pool.listen_recording`` permission (``?download=1``: as an attachment)."""
+        if side not in ("user", "assistant") or not request.user.has_perm("pool.listen_recording"):
+            raise PermissionDenied
+        session = get_object_or_404(Session, pk=object_id)
+        recording = getattr(session, f"{side}_audio")
+        if not recording:
+            raise Http404("No recording.")
+        return FileResponse(recording.open("rb"), content_type="audio/flac",
+                            as_attachment=bool(request.GET.get("download")),
+                            filename=f"{session.session_id}-{side}.flac")
 
     def export_view(self, request, object_id):
         """The session as JSON: its record, its items in the Realtime API's item shape, the
@@ -237,8 +254,8 @@ class SessionAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         items = list(session.items.all())
         body = {
-            "session": {f.name: f.value_from_object(session) for f in Session._meta.concrete_fields
-                        if f.name not in ("process", "released_by", "api_key")},
+            "session": {f.name: f.value_to_string(session) if isinstance(f, FileField) else f.value_from_object(session)
+                        for f in Session._meta.concrete_fields if f.name not in ("process", "released_by", "api_key")},
             "items": [item.data for item in items if item.kind != ConversationItem.ERROR],
             "errors": [{"event_id": item.item_id, "at_ms": item.at_ms, "error": item.data}
                        for item in items if item.kind == ConversationItem.ERROR],
@@ -280,10 +297,10 @@ def revoke_keys(modeladmin, request, queryset):
 class APIKeyAdmin(admin.ModelAdmin):
     """Issue keys (shown once, in the message after saving) and revoke them."""
 
-    list_display = ["name", "prefix", "user", "max_sessions", "created_at", "revoked_at"]
+    list_display = ["name", "prefix", "user", "max_sessions", "record_audio", "created_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["name", "prefix", "user__username"]
-    fields = ["name", "user", "max_sessions"]
+    fields = ["name", "user", "max_sessions", "record_audio"]
     actions = [revoke_keys]
 
     def save_model(self, request, obj, form, change):

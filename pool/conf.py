@@ -111,6 +111,11 @@ DEFAULTS = {
     # `manage.py prune_sessions` deletes finished sessions older than this, with their history
     # (days; None: keep them).
     "HISTORY_RETENTION_DAYS": 30,
+    # Record each session's audio (the user's and the assistant's, FLAC through Django's
+    # default_storage)? An API key's own "record audio" choice wins over this.
+    "RECORD_AUDIO": False,
+    # `manage.py prune_sessions` deletes recordings older than this (days; None: keep them).
+    "RECORDING_RETENTION_DAYS": 7,
     # Largest client WebSocket message (bytes). OpenAI accepts appends up to 15 MiB; Daphne is
     # configured a little above it so an oversize message gets an error event, not a dead socket.
     "MAX_MESSAGE_BYTES": 15 * 1024 * 1024,
@@ -125,7 +130,7 @@ OPTIONAL = {
     "TURN_MODEL": _PATH, "TTS_VOICES": _PATH, "LLM_BASE_URL": str, "STATUS_TOKEN": str,
     "ALLOWED_ORIGINS": (list, tuple), "IDLE_TIMEOUT_SECONDS": (int, float),
     "CONNECTS_PER_MINUTE": int, "MAX_SESSION_SECONDS": (int, float),
-    "HISTORY_RETENTION_DAYS": (int, float),
+    "HISTORY_RETENTION_DAYS": (int, float), "RECORDING_RETENTION_DAYS": (int, float),
 }
 
 

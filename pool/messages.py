@@ -14,15 +14,17 @@ from .timings import Marks
 
 
 class SessionContext:
-    """One session's link to its unit. ``sink(event)`` is called from stage threads.
+    """One session's link to its unit. ``sink(event)`` is called from stage threads; the VAD
+    and TTS stages add the session's audio to ``recording`` when it is recorded.
 
     ``close()`` makes every later ``emit`` a no-op and tells stages to skip this session's
     queued work: the structural guarantee that no output of a session reaches a later one.
     """
 
-    def __init__(self, sink):
+    def __init__(self, sink, recording=None):
         self._sink = sink
         self.closed = False
+        self.recording = recording  # a pool.recording.SessionRecording, or None
 
     def emit(self, event):
         sink = self._sink  # one read: close() may run on another thread

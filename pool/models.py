@@ -83,6 +83,8 @@ class APIKey(models.Model):
                              related_name="s2s_api_keys")
     max_sessions = models.PositiveIntegerField(null=True, blank=True,
                                                help_text="Concurrent sessions allowed; empty for no limit.")
+    record_audio = models.BooleanField(null=True, blank=True, help_text="Record the audio of this key's "
+                                       "sessions: yes, no, or unknown to follow the RECORD_AUDIO setting.")
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
@@ -93,13 +95,13 @@ class APIKey(models.Model):
         return f"{self.name} ({self.prefix}...)"
 
     @classmethod
-    def issue(cls, name, user=None, max_sessions=None):
+    def issue(cls, name, user=None, max_sessions=None, record_audio=None):
         """Create a key; returns ``(APIKey, key)``. The clear key exists only in this return value."""
         from .auth import new_key
 
         key, key_hash = new_key()
         return cls.objects.create(name=name, prefix=key[:12], key_hash=key_hash, user=user,
-                                  max_sessions=max_sessions), key
+                                  max_sessions=max_sessions, record_audio=record_audio), key
 
 
 class Session(models.Model):
@@ -145,9 +147,13 @@ class Session(models.Model):
                   "user's speech to the reply's first audio sent.")
     history_dropped = models.PositiveIntegerField(
         default=0, help_text="History records past HISTORY_MAX_ITEMS: counted, not stored.")
+    user_audio = models.FileField(blank=True, help_text="The user's audio (FLAC, 16 kHz), when recorded.")
+    assistant_audio = models.FileField(blank=True, help_text="The assistant's replies as sent "
+                                                             "(FLAC, 24 kHz), when recorded.")
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [("listen_recording", "Can listen to and download session recordings")]
 
     def __str__(self):
         return self.session_id

@@ -87,6 +87,9 @@ class NoRecords:
     def history(self, session_id, record):
         pass
 
+    def recording_saved(self, session_id, names):
+        pass
+
     def stop(self, timeout=5.0):
         pass
 
@@ -118,6 +121,10 @@ class Records(NoRecords):
     def history(self, session_id, record):
         """Keep an ``ItemRecord`` or ``ResponseRecord`` of a session."""
         self._put((self._history, (session_id, record)))
+
+    def recording_saved(self, session_id, names):
+        """A session's recording is stored: ``names`` maps "user"/"assistant" to storage names."""
+        self._put((self._recording_saved, (session_id, names)))
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -255,6 +262,12 @@ class Records(NoRecords):
             timings = fields.pop("timings") or {}
             SessionResponse.objects.bulk_create([SessionResponse(session_id=session_id, **fields, **timings)],
                                                 ignore_conflicts=True)
+
+    def _recording_saved(self, session_id, names):
+        from .models import Session
+
+        Session.objects.filter(session_id=session_id).update(
+            **{f"{side}_audio": name for side, name in names.items()})
 
     def _unit_changed(self, index, old, new, session_id, now):
         from .models import Session, Unit

@@ -111,6 +111,9 @@ class PoolRegistry:
             if drain:
                 drain[1].cancel()
                 self._set_state(unit, IDLE)
+        if ctx.recording is not None:  # complete: every stage is done with this session
+            session_id = ctx.recording.session_id
+            ctx.recording.save(lambda names: self.records.recording_saved(session_id, names))
 
     def _on_deadline(self, unit, ctx):
         with self._lock:

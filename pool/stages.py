@@ -113,6 +113,8 @@ class VADStage:
                 f"The input audio buffer holds at most {MAX_BUFFER_SECONDS} s; commit or clear it.",
                 msg.event_id))
             return
+        if ctx.recording is not None:
+            ctx.recording.user(samples)
         audio = np.concatenate([self._pending, samples]) if len(self._pending) else samples
         whole = len(audio) - len(audio) % WINDOW_SAMPLES
         for start in range(0, whole, WINDOW_SAMPLES):
@@ -490,6 +492,8 @@ class TTSStage:
             job.marks.tts_first_compute_s = seconds
             job.marks.tts_first_phrase_audio_s = len(samples) / TTS_RATE
         job.audio_seconds += len(samples) / TTS_RATE
+        if ctx.recording is not None:
+            ctx.recording.assistant(samples)
         self._send(ctx, job, text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE, seconds)
         return True
 

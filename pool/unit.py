@@ -104,9 +104,10 @@ class PipelineUnit:
         self._ctx = None
         self._chain = _Chain(self, backends)
 
-    def begin(self, sink):
-        """Start a session: returns its SessionContext; ``sink(event)`` receives its events."""
-        self._ctx = m.SessionContext(sink)
+    def begin(self, sink, recording=None):
+        """Start a session: returns its SessionContext; ``sink(event)`` receives its events,
+        ``recording`` (a ``pool.recording.SessionRecording``, or None) its audio."""
+        self._ctx = m.SessionContext(sink, recording)
         return self._ctx
 
     def submit(self, msg):

@@ -24,6 +24,7 @@ from django.db import DatabaseError
 from pool import auth, metrics
 from pool.conf import get_config
 from pool.ids import new_id
+from pool.recording import SessionRecording
 from pool.registry import get_registry, local_registry
 
 from .errors import ProtocolError
@@ -113,7 +114,8 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         }
         self.flow = WriteFlow(self.base_send)
         self.sender = asyncio.create_task(self._send_loop())
-        self.ctx = self.unit.begin(self._from_pipeline)
+        self.ctx = self.unit.begin(self._from_pipeline,
+                                   SessionRecording(session_id) if self._records_audio(config) else None)
         self.session = RealtimeSession(session_id, self.unit, self.outbox.put_nowait, defaults,
                                        self.registry.records)
         self.session.start()
@@ -126,7 +128,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
     async def _authorize(self):
         """Origin and API key checks; returns a ``pool.auth.Refusal`` or None. On success with a
         key, the key's session is counted (``_release_key`` undoes it)."""
-        self.api_key_id = None
+        self.api_key_id = self.record_audio = None
         if not auth.origin_allowed(self.scope):
             return auth.Refusal("origin_not_allowed", "This origin may not connect to this server.")
         key = auth.key_from_scope(self.scope)
@@ -150,8 +152,12 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             return auth.Refusal("session_limit_reached",
                                 f"This API key may hold {api_key.max_sessions} sessions at once.")
         KEY_SESSIONS[api_key.pk] += 1  # on the event loop, right after the check: no race here
-        self.api_key_id = api_key.pk
+        self.api_key_id, self.record_audio = api_key.pk, api_key.record_audio
         return None
+
+    def _records_audio(self, config):
+        """Whether this session's audio is recorded: its API key's choice, else RECORD_AUDIO."""
+        return config["RECORD_AUDIO"] if self.record_audio is None else self.record_audio
 
     def _release_key(self):
         if self.api_key_id is not None:

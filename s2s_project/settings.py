@@ -131,6 +131,8 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
+# Session recordings (opt-in, RECORD_AUDIO) go through default_storage: files here by default.
+MEDIA_ROOT = os.environ.get("DJANGO_MEDIA_ROOT", BASE_DIR / "media")
 WHITENOISE_USE_FINDERS = True  # serve from the installed apps: no collectstatic step to forget
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -12,16 +12,20 @@ from io import StringIO
 
 import numpy as np
 import pytest
-from django.contrib.auth.models import User
+import soundfile
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import Permission, User
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
 from django.core.management import call_command
 from django.test import Client as HttpClient
 from django.utils import timezone
 
 from pool.backends.scripted import SCRIPT
-from pool.models import ConversationItem, Session, SessionResponse
+from pool.models import APIKey, ConversationItem, Session, SessionResponse
 from pool.timings import FIELDS
 
-from .helpers import appends, jfk_segment, silence, user_text
+from .helpers import appends, jfk_segment, open_socket, silence, user_text
 
 QUESTION = (0.0, 2.6)  # "And so my fellow Americans", then a pause (test_turn_taking)
 
@@ -98,6 +102,7 @@ async def test_a_session_keeps_its_conversation_errors_and_turn_timings(recorded
     row = await Session.objects.aget(session_id=session_id)
     assert (row.turns, row.responses, row.completed_responses, row.cancelled_responses) == (1, 2, 1, 1)
     assert row.first_audio_p50_ms == voice_turn.first_audio_sent_ms and row.history_dropped == 0
+    assert not row.user_audio and not row.assistant_audio  # recordings are opt-in
 
     await asyncio.to_thread(_admin_shows, row, reply.text, shown, items)
 
@@ -133,28 +138,94 @@ async def test_history_keeps_at_most_HISTORY_MAX_ITEMS_and_counts_the_rest(recor
     assert (await Session.objects.aget(session_id=session_id)).history_dropped == 2
 
 
+async def recorded_turn(client):
+    """A spoken turn answered, then the client leaves; returns the session's row once its
+    recording is stored (or after 10 s)."""
+    session_id = (await client.until("session.created"))["session"]["id"]
+    for append in appends(np.concatenate([jfk_segment(*QUESTION), silence(1.5)])):
+        await client.send(append)
+    assert (await client.until("response.done", timeout=30))["response"]["status"] == "completed"
+    await client.ws.disconnect()
+    for _ in range(100):
+        await asyncio.sleep(0.1)
+        row = await Session.objects.aget(session_id=session_id)
+        if row.user_audio and row.assistant_audio:
+            break
+    return row
+
+
+async def test_recordings_are_stored_as_flac_and_heard_only_with_the_permission(
+        recorded_pool, connect, settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)
+    settings.S2S = {**settings.S2S, "RECORD_AUDIO": True}
+    row = await recorded_turn(await connect())
+    user, rate = soundfile.read(row.user_audio.path)
+    assert rate == 16_000 and abs(len(user) / rate - row.audio_in_seconds) < 0.05
+    assert np.sqrt(np.mean(user[:int(2.2 * rate)] ** 2)) > 0.01  # the speech is in it
+    assistant, rate = soundfile.read(row.assistant_audio.path)
+    assert rate == 24_000 and abs(len(assistant) / rate - row.audio_out_seconds) < 0.05
+    assert row.user_audio.name.endswith(f"{row.session_id}-user.flac")
+    await asyncio.to_thread(_recordings_need_the_permission, row)
+
+
+def _recordings_need_the_permission(row):
+    url = f"/admin/pool/session/{row.pk}/recording/user/"
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_session", content_type__app_label="pool"))
+    browser = HttpClient()
+    assert browser.login(username="viewer", password="pw")
+    assert browser.get(url).status_code == 403
+    page = browser.get(f"/admin/pool/session/{row.pk}/change/").content.decode()
+    assert "<audio" not in page and "needs the" in page
+    viewer.user_permissions.add(Permission.objects.get(codename="listen_recording"))
+    reply = browser.get(url)
+    assert reply.status_code == 200 and reply["Content-Type"] == "audio/flac"
+    assert b"".join(reply.streaming_content) == open(row.user_audio.path, "rb").read()
+    assert "<audio" in browser.get(f"/admin/pool/session/{row.pk}/change/").content.decode()
+
+
+async def test_an_api_key_that_says_no_recording_wins_over_RECORD_AUDIO(recorded_pool, settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)
+    settings.S2S = {**settings.S2S, "RECORD_AUDIO": True, "ALLOW_ANONYMOUS": False}
+    _, key = await sync_to_async(APIKey.issue)("no recordings", record_audio=False)
+    client, _ = await open_socket([(b"authorization", f"Bearer {key}".encode())])
+    row = await recorded_turn(client)
+    assert not row.user_audio and not row.assistant_audio and row.completed_responses == 1
+    assert not list(tmp_path.rglob("*.flac"))
+
+
 @pytest.mark.django_db
-def test_prune_sessions_deletes_old_finished_sessions_with_their_history(settings):
+def test_prune_sessions_deletes_old_finished_sessions_with_their_history_and_recordings(settings, tmp_path):
+    settings.MEDIA_ROOT = str(tmp_path)
     now = timezone.now()
 
-    def session(name, age_days, ended=True):
+    def session(name, age_days, ended=True, recorded=False):
         created = now - timedelta(days=age_days)
         row = Session.objects.create(session_id=name, unit_index=0, created_at=created,
                                      ended_at=created + timedelta(minutes=1) if ended else None)
         ConversationItem.objects.create(session=row, item_id=f"item_{name}", kind="message", role="user",
                                         text="hi", at_ms=0, data={})
         SessionResponse.objects.create(session=row, response_id=f"resp_{name}", status="completed", at_ms=1)
+        if recorded:
+            row.user_audio = default_storage.save(f"s2s-recordings/{name}-user.flac", ContentFile(b"fLaC"))
+            row.save()
 
-    session("old", 40)
+    session("old", 40, recorded=True)
     session("older", 90)
-    session("recent", 5)
+    session("recent", 5, recorded=True)
+    session("recorded_last_week", 10, recorded=True)  # past RECORDING_RETENTION_DAYS (7) only
     session("old_but_open", 40, ended=False)  # a session still going (or lost, not yet marked) is kept
     out = StringIO()
     call_command("prune_sessions", "--dry-run", stdout=out)
-    assert "2 sessions" in out.getvalue() and Session.objects.count() == 4
+    assert "recordings of 2 sessions" in out.getvalue() and "delete 2 sessions" in out.getvalue()
+    assert Session.objects.count() == 5 and len(list(tmp_path.rglob("*.flac"))) == 3
     call_command("prune_sessions", "--batch-size", "1", stdout=StringIO())
-    assert set(Session.objects.values_list("session_id", flat=True)) == {"recent", "old_but_open"}
-    assert ConversationItem.objects.count() == SessionResponse.objects.count() == 2
-    settings.S2S = {"HISTORY_RETENTION_DAYS": 3}
+    assert set(Session.objects.values_list("session_id", flat=True)) == {
+        "recent", "recorded_last_week", "old_but_open"}
+    assert ConversationItem.objects.count() == SessionResponse.objects.count() == 3
+    assert [p.name for p in tmp_path.rglob("*.flac")] == ["recent-user.flac"]
+    assert not Session.objects.get(session_id="recorded_last_week").user_audio
+    settings.S2S = {"HISTORY_RETENTION_DAYS": 3, "RECORDING_RETENTION_DAYS": None}
     call_command("prune_sessions", stdout=StringIO())
     assert set(Session.objects.values_list("session_id", flat=True)) == {"old_but_open"}
+    assert not list(tmp_path.rglob("*.flac"))  # a session's recording goes with it

@@ -1,0 +1,87 @@
+"""Opt-in session recordings: the user's audio and the assistant's, as two FLAC files.
+
+While a session runs, its unit's VAD thread appends the user's audio (as the VAD hears it: mono,
+16 kHz) and its TTS thread the assistant's (each phrase as it is sent: mono, 24 kHz) to two
+temporary files of PCM16. One writer a side, so no lock, and nothing grows in memory. When the
+session's drain has passed every stage (no stage writes any more), ``save`` encodes both with
+soundfile (libsndfile) as FLAC on a thread of its own and stores them through Django's
+``default_storage`` (the file system, S3 or any storage backend), then removes the temporary files.
+
+The assistant file is the replies one after another, as sent (a reply the user interrupted holds
+what was sent before the cancel; the session history says where it was cut). Where each turn and
+reply starts in the session is in the history (``ConversationItem.at_ms``).
+"""
+
+import logging
+import tempfile
+import threading
+from pathlib import PurePosixPath
+
+import numpy as np
+import soundfile
+from django.core.files import File
+from django.core.files.storage import default_storage
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+RATES = {"user": 16_000, "assistant": 24_000}  # Hz: the VAD's input rate, the TTS's output rate
+FOLDER = "s2s-recordings"
+BLOCK_SAMPLES = 1 << 20  # samples encoded at a time
+
+
+class SessionRecording:
+    """The recording of session ``session_id`` while it runs. ``user(samples)`` and
+    ``assistant(samples)`` take float32 arrays in [-1, 1] at ``RATES[side]``."""
+
+    def __init__(self, session_id):
+        self.session_id = session_id
+        self._raw = {side: tempfile.TemporaryFile(prefix="s2s-recording-") for side in RATES}
+        self.samples = dict.fromkeys(RATES, 0)
+
+    def user(self, samples):
+        self._write("user", samples)
+
+    def assistant(self, samples):
+        self._write("assistant", samples)
+
+    def _write(self, side, samples):
+        self._raw[side].write((np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+        self.samples[side] += len(samples)
+
+    def save(self, on_saved):
+        """Encode and store both sides on a new thread, then call ``on_saved({side: name})``
+        (storage names; a side with no audio is left out). Call once no stage writes any more."""
+        threading.Thread(target=self._save, args=(on_saved,), daemon=True,
+                         name=f"recording-{self.session_id}").start()
+
+    def discard(self):
+        """Drop the recording (a session whose drain never finished)."""
+        for raw in self._raw.values():
+            raw.close()
+
+    def _save(self, on_saved):
+        names = {}
+        try:
+            day = timezone.now().strftime("%Y/%m/%d")
+            for side, raw in self._raw.items():
+                if self.samples[side]:
+                    name = str(PurePosixPath(FOLDER, day, f"{self.session_id}-{side}.flac"))
+                    names[side] = self._store(name, raw, RATES[side])
+        except Exception:  # noqa: BLE001 - a storage error loses this recording, nothing else
+            log.exception("session %s: its recording could not be stored", self.session_id)
+        finally:
+            self.discard()
+        if names:
+            on_saved(names)
+
+    @staticmethod
+    def _store(name, raw, rate):
+        raw.seek(0)
+        with tempfile.TemporaryFile(prefix="s2s-recording-", suffix=".flac") as flac:
+            with soundfile.SoundFile(flac, "w", samplerate=rate, channels=1, format="FLAC",
+                                     subtype="PCM_16") as encoded:
+                while block := raw.read(BLOCK_SAMPLES * 2):
+                    encoded.write(np.frombuffer(block, "<i2"))
+            flac.seek(0)
+            return default_storage.save(name, File(flac, name=name))
