@@ -4,6 +4,7 @@ test says otherwise (and then the default is tested beside it)."""
 
 import asyncio
 import base64
+import statistics
 import subprocess
 import sys
 
@@ -43,6 +44,36 @@ async def test_jfk_in_real_time_every_turn_is_answered_and_no_reply_talks_over_t
     cancelled = [e["response"]["status_details"]["reason"] for e in events
                  if e["type"] == "response.done" and e["response"]["status"] == "cancelled"]
     assert set(cancelled) <= {"turn_detected"}
+
+
+async def test_the_session_history_holds_what_was_said_and_each_reply_with_its_timings(server):
+    """The default session over the SDK, then its history as the admin reads it: every turn's
+    words, every reply as spoken (cut where it was interrupted), each response's turn timings."""
+    result, events = await converse(server, session={"type": "realtime"})
+    session_id = next(e["session"]["id"] for e in events if e["type"] == "session.created")
+
+    def ended():
+        return server.query(f"select first_audio_p50_ms, completed_responses, cancelled_responses from "
+                            f"pool_session where session_id = '{session_id}' and ended_at is not null")
+
+    for _ in range(100):
+        if ended():
+            break
+        await asyncio.sleep(0.1)
+    [(p50, completed, cancelled)] = ended()
+    items = server.query(f"select role, text, interrupted, status from pool_conversationitem "
+                         f"where session_id = '{session_id}' and kind = 'message' order by at_ms, id")
+    said = " ".join(text for role, text, _, _ in items if role == "user")
+    assert JFK_WORDS in normalise(said) and normalise(said) == normalise(result.user_transcript)
+    replies = [(text, interrupted) for role, text, interrupted, _ in items if role == "assistant"]
+    assert replies[-1] == (result.replies[-1].transcript, 0)  # the completed reply, as spoken
+    responses = server.query(f"select status, reason, transcribed_ms, first_audio_sent_ms from "
+                             f"pool_sessionresponse where session_id = '{session_id}' order by at_ms")
+    assert [(s, r or None) for s, r, _, _ in responses] == [
+        (r.status, r.reason) for r in result.replies]
+    first_audio = [sent for status, _, transcribed, sent in responses if status == "completed"]
+    assert completed == len(first_audio) >= 1 and cancelled == len(responses) - completed
+    assert all(0 < ms < 30_000 for ms in first_audio) and p50 == statistics.median(first_audio)
 
 
 async def test_jfk_in_one_append_is_answered_once_all_of_it_is_heard(server):
