@@ -50,7 +50,7 @@ def release_units(modeladmin, request, queryset):
 class UnitAdmin(ReadOnlyAdmin):
     """The pool page: every unit of every running process."""
 
-    list_display = ["__str__", "state_display", "session_id", "state_since", "process_heartbeat"]
+    list_display = ["__str__", "state_display", "session_id", "state_since", "input_lag_max_ms", "process_heartbeat"]
     list_filter = ["state", "process"]
     actions = [release_units]
 

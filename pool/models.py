@@ -48,6 +48,10 @@ class Unit(models.Model):
     state = models.CharField(max_length=16, choices=STATES, default=IDLE)
     session_id = models.CharField(max_length=64, blank=True)
     state_since = models.DateTimeField()
+    input_lag_max_ms = models.FloatField(
+        null=True, blank=True, verbose_name="input lag (ms)",
+        help_text="The longest an audio append of the current session waited for the VAD, as of "
+                  "the last heartbeat: a unit that cannot keep up with real time shows here.")
 
     class Meta:
         ordering = ["process", "index"]

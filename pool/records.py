@@ -104,6 +104,7 @@ class Records(NoRecords):
         self._queue = queue.Queue()
         self.outage_since = None  # monotonic time of the first refused write of an outage
         self.dropped = 0  # messages dropped past MAX_PENDING
+        self._units, self._lags = (), {}  # the pool's units; their input lag as last written
         self._thread = threading.Thread(target=self._run, daemon=True, name="pool-records")
 
     # --- called from anywhere, never blocking -----------------------------------------------
@@ -141,6 +142,7 @@ class Records(NoRecords):
         Unit.objects.bulk_create([Unit(process=process, index=u.index, state=u.state, state_since=now)
                                   for u in units])
         self.process_id = process.pk
+        self._units = units
         self._beat_written, self._longest_gap = now, 0.0
         connection.close()  # the recorder thread keeps its own connection from here on
         self._thread.start()
@@ -293,8 +295,19 @@ class Records(NoRecords):
         if gap > max(self._longest_gap, 2 * self.heartbeat_seconds):  # late, and the latest yet
             fields["longest_heartbeat_gap"] = round(gap, 1)
         ServerProcess.objects.filter(pk=self.process_id).update(**fields)
+        self._write_input_lags()
         transaction.on_commit(lambda: self._beat_written_at(now, gap))
         self._mark_lost()
+
+    def _write_input_lags(self):
+        """Each unit's input lag (for the pool overview), where it changed since last written."""
+        from .models import Unit
+
+        changed = {unit.index: round(unit.input_lag_max * 1000, 1) for unit in self._units}
+        changed = {index: lag for index, lag in changed.items() if self._lags.get(index) != lag}
+        for index, lag in changed.items():
+            Unit.objects.filter(process_id=self.process_id, index=index).update(input_lag_max_ms=lag)
+        transaction.on_commit(lambda: self._lags.update(changed))
 
     def _beat_written_at(self, now, gap):
         self._beat_written = now

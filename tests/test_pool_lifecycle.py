@@ -8,6 +8,7 @@ import threading
 import time
 import weakref
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -38,11 +39,21 @@ def unit_state(registry, index=0):
 
 def staff(username, release=False):
     user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_unit", "view_quarantinedunit",
-                                                                          "view_session"]))
+    user.user_permissions.add(*Permission.objects.filter(codename__in=[
+        "view_unit", "view_quarantinedunit", "view_session", "view_serverprocess"]))
     if release:
         user.user_permissions.add(Permission.objects.get(codename="release_unit"))
     return user
+
+
+def post_overview_release(username, unit_pk):
+    """Log in, load the pool overview, post its Release button with the CSRF token."""
+    browser = HttpClient(enforce_csrf_checks=True)
+    assert browser.login(username=username, password="pw")
+    page = browser.get("/admin/pool/serverprocess/overview/")
+    assert page.status_code == 200
+    return browser.post("/admin/pool/serverprocess/overview/", {
+        "unit": str(unit_pk), "csrfmiddlewaretoken": browser.cookies["csrftoken"].value}, follow=True)
 
 
 def post_release_action(username, unit_pk):
@@ -87,7 +98,10 @@ async def test_wedged_unit_quarantined_then_released_by_an_operator_restores_cap
     reply = await asyncio.to_thread(post_release_action, "watcher", unit_row.pk)
     assert unit_state(recorded_pool) == "quarantined"  # staff without release_unit cannot
     assert b"released" not in reply.content
-    reply = await asyncio.to_thread(post_release_action, "operator", unit_row.pk)
+    reply = await asyncio.to_thread(post_overview_release, "watcher", unit_row.pk)
+    assert reply.status_code == 403 and unit_state(recorded_pool) == "quarantined"
+    # The operator releases it from the pool overview (the quarantined-units action does the same).
+    reply = await asyncio.to_thread(post_overview_release, "operator", unit_row.pk)
     assert b"released: fresh handler threads" in reply.content
     assert unit_state(recorded_pool) == "idle"
 
@@ -243,7 +257,7 @@ def test_admin_pages_render_with_units_in_every_state(admin_client):
     process = ServerProcess.objects.create(host="h", pid=1, pool_size=4, heartbeat_at=now)
     for index, state in enumerate(["idle", "active", "draining", "quarantined"]):
         Unit.objects.create(process=process, index=index, state=state, session_id=f"sess_{index}",
-                            state_since=now)
+                            state_since=now - timedelta(seconds=42), input_lag_max_ms=index * 10.0)
         Session.objects.create(session_id=f"sess_{index}", process=process, unit_index=index,
                                created_at=now, state={"idle": "ended"}.get(state, state))
     pages = ["/admin/pool/unit/", "/admin/pool/quarantinedunit/", "/admin/pool/session/",
@@ -254,6 +268,12 @@ def test_admin_pages_render_with_units_in_every_state(admin_client):
     pool_page = admin_client.get("/admin/pool/unit/").content.decode()
     assert pool_page.count("quarantined") >= 1 and "#c62828" in pool_page
     assert admin_client.get("/admin/pool/quarantinedunit/").context["cl"].result_count == 1
+    overview = admin_client.get("/admin/pool/serverprocess/overview/").content.decode()
+    assert all(f"unit {i}" in overview and f"sess_{i}" in overview for i in range(4))
+    assert "for 42 s" in overview and "input lag 30 ms" in overview
+    assert overview.count('value="Release"') == 1  # on the quarantined unit only
+    ServerProcess.objects.update(state=ServerProcess.STOPPED)
+    assert "No running process" in admin_client.get("/admin/pool/serverprocess/overview/").content.decode()
 
 
 @pytest.mark.django_db
@@ -311,6 +331,25 @@ def test_a_read_only_database_is_logged_once_and_caught_up_when_writable(caplog)
     refused = [r.getMessage() for r in caplog.records if "refused a write" in r.getMessage()]
     assert len(refused) == 1 and "readonly" in refused[0]
     assert sum("the database is back" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeats_write_each_units_input_lag_when_it_changes():
+    units = [SimpleNamespace(index=i, state="active", input_lag_max=0.0) for i in range(2)]
+    records = Records(release_after=10, heartbeat_seconds=0.1)
+    records.start(units)
+    try:
+        units[1].input_lag_max = 0.0456  # seconds an append waited for the VAD
+
+        def lags():
+            return dict(Unit.objects.filter(process_id=records.process_id).values_list("index", "input_lag_max_ms"))
+
+        deadline = time.monotonic() + 5
+        while lags() != {0: 0.0, 1: 45.6} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lags() == {0: 0.0, 1: 45.6}
+    finally:
+        records.stop()
 
 
 EVERY_SESSION_VALUE = {
