@@ -37,11 +37,32 @@ SPECULATE_MS = 200
 TTS_RATE = 24_000  # Hz, what the TTS backends return
 
 
+class Stage:
+    """One step of a unit's chain, run by its own thread (``pool.unit``) on its own inbox.
+
+    ``handle(ctx, msg)`` does the work of one message of session ``ctx``; ``end_session()`` is
+    called when SESSION_END reaches the stage (forget the session); ``stop()`` when the unit's
+    threads are replaced or stopped (release what the stage owns). ``name`` names its inbox and
+    thread.
+    """
+
+    name = None
+
+    def handle(self, ctx, msg):
+        raise NotImplementedError
+
+    def end_session(self):
+        pass
+
+    def stop(self):
+        pass
+
+
 def _ms(samples):
     return int(samples * 1000 // SAMPLE_RATE)
 
 
-class VADStage:
+class VADStage(Stage):
     """Owns the input audio buffer: decodes appends, runs Silero VAD, detects turns, commits."""
 
     name = "vad"
@@ -230,7 +251,7 @@ class VADStage:
         self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, self.language, speculated)))
 
 
-class STTStage:
+class STTStage(Stage):
     """Transcribes committed items (every item gets Transcribed or TranscriptionFailed), peeks
     at speech still in progress (SpeechPeeked, or nothing when the peek fails), and transcribes
     speech at its first pause ahead of its commit (Speculate; kept, used by the commit or
@@ -329,7 +350,7 @@ class PhraseSplitter:
         return None
 
 
-class LLMStage:
+class LLMStage(Stage):
     """Generates a response's text; speakable phrases go to TTS as soon as they are complete.
 
     After each phrase, generation pauses until TTS has spoken it (at most SPEECH_WAIT seconds):
@@ -345,9 +366,6 @@ class LLMStage:
     def __init__(self, backends, tts_inbox):
         self._llm = backends.llm
         self._tts_inbox = tts_inbox
-
-    def end_session(self):
-        pass
 
     def handle(self, ctx, job):
         if job.cancelled.is_set():
@@ -415,7 +433,7 @@ class LLMStage:
         self._tts_inbox.put((ctx, m.JobEnd(job, usage, error)))
 
 
-class TTSStage:
+class TTSStage(Stage):
     """Speaks phrases and sends their audio in DELTA_MS chunks; passes function calls on and
     closes each response, in the order the LLM produced them.
 
@@ -435,9 +453,6 @@ class TTSStage:
         self._tts = backends.tts
         self._pace = pace_of(backends.tts)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
-
-    def end_session(self):
-        pass
 
     def stop(self):
         self._worker.shutdown(wait=False, cancel_futures=True)

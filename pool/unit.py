@@ -78,8 +78,7 @@ class _Chain:
     def stop(self):
         self.abandoned = True
         for stage in self.stages:
-            if hasattr(stage, "stop"):
-                stage.stop()
+            stage.stop()
         for inbox in self.inboxes.values():
             try:
                 inbox.put_nowait(_STOP)
