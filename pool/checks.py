@@ -7,6 +7,8 @@ import ipaddress
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
+from .backends import InvalidBackendError, backend_loader
+
 IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"
 
 
@@ -53,6 +55,11 @@ def check_settings(app_configs, **kwargs):
         if isinstance(entries, (list, tuple)) and not all(isinstance(e, str) for e in entries):
             problems.append(Error(f"S2S[{key!r}] must hold strings; got {entries!r}.", id="pool.E005"))
     problems += _check_proxies(user)
+    if isinstance(user.get("BACKEND"), str):
+        try:
+            backend_loader(user["BACKEND"])
+        except InvalidBackendError as exc:
+            problems.append(Error(str(exc), id="pool.E007"))
     return problems
 
 

@@ -24,7 +24,8 @@ DEFAULTS = {
     "POOL_SIZE": 2,
     # Seconds a released unit may take to drain before it is quarantined.
     "RELEASE_AFTER_SECONDS": 180.0,
-    # "default": the real models below; "scripted": the scripted test backend (tests only).
+    # "default": the real models below; "scripted": the scripted test backend (tests only); or
+    # the dotted path of a function ``load(config) -> pool.backends.Backends`` (your own models).
     "BACKEND": "default",
     # Where `prepare_models` writes the ready-to-load cache (env S2S_CACHE_DIR wins).
     "MODEL_CACHE_DIR": os.environ.get("S2S_CACHE_DIR") or _default_cache_dir(),

@@ -155,6 +155,28 @@ def test_settings_checks_name_unknown_keys_wrong_types_and_the_old_loopback_rule
     assert "proxy.local" in next(p for p in problems if p.id == "pool.E006").msg
 
 
+def test_a_backend_is_a_short_name_or_the_dotted_path_of_a_loader(settings):
+    from pool.backends import InvalidBackendError, backend_loader, load_default
+    from pool.backends.scripted import load_scripted
+    from pool.checks import check_settings
+    from pool.conf import get_config
+    from pool.registry import build_registry
+
+    assert backend_loader("default") is load_default and backend_loader("scripted") is load_scripted
+    settings.S2S = {"BACKEND": "pool.backends.scripted.load_scripted", "POOL_SIZE": 1}
+    assert check_settings(None) == []
+    registry = build_registry(get_config(), record=False)  # a host project's loader, by its path
+    try:
+        assert registry.speaks["transcription_languages"] == ["de", "en"]  # the scripted STT's
+    finally:
+        registry.shutdown()
+    settings.S2S = {"BACKEND": "myproject.voices.load"}
+    [problem] = check_settings(None)
+    assert problem.id == "pool.E007" and "myproject.voices.load" in problem.msg
+    with pytest.raises(InvalidBackendError, match="cannot import 'myproject.voices.load'"):
+        backend_loader("myproject.voices.load")
+
+
 def test_the_projects_own_settings_pass_the_checks():
     from pool.checks import check_settings
 

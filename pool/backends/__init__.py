@@ -1,49 +1,114 @@
 """The models behind the four stages, loaded once per process and shared by every unit.
 
-A backend is a plain object with one job each:
-
-- VAD: ``new_stream()`` -> an object with ``probability(window)``; ``window`` is 512 float32
-  samples at 16 kHz (32 ms), the result the speech probability in [0, 1].
-- STT: ``transcribe(audio, language, prompt=None)`` -> str; ``audio`` is float32 mono at
-  16 kHz; ``prompt``: text to bias the spelling (Whisper's initial prompt).
-- LLM: ``generate(request, on_text, should_stop, on_function_call)`` -> usage dict; streams text
-  through ``on_text(str)``, reports a tool call through ``on_function_call(name, arguments)``
-  and stops early when ``should_stop()`` is true.
-- TTS: ``synthesize(text, voice, speed)`` -> float32 mono at 24 kHz; ``resolve_voice(name)``.
-- End of turn (``semantic_vad``): ``is_complete(audio)`` -> bool; ``audio`` is the turn so far,
-  float32 mono at 16 kHz (``pool.backends.turn.SmartTurn``).
-
-``load_backends(config)`` builds them from the settings dict (``pool.conf.get_config()``).
+Each stage's backend is any object with the methods of its ``Protocol`` below (structural
+typing: nothing to inherit). The default set is Silero VAD, faster-whisper, llama.cpp or
+transformers, Kokoro and Smart Turn (this package's modules); the scripted test backend
+(``scripted.py``) has the same shape. ``load_backends(config)`` builds them from the settings.
 """
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 log = logging.getLogger(__name__)
 
 
+class VADStream(Protocol):
+    """One session's VAD state (Silero keeps a recurrent state between windows)."""
+
+    def probability(self, window: np.ndarray) -> float:
+        """The speech probability in [0, 1] of ``window``: 512 float32 samples at 16 kHz (32 ms)."""
+
+    def reset(self) -> None:
+        """Forget the session (a new one starts on this stream)."""
+
+
+class VAD(Protocol):
+    def new_stream(self) -> VADStream:
+        """A VAD state for one unit (each unit's VAD thread owns one)."""
+
+
+class STT(Protocol):
+    languages: frozenset  # ISO 639-1 codes the model transcribes
+
+    def transcribe(self, audio: np.ndarray, language: str | None = None, prompt: str | None = None) -> str:
+        """The words of ``audio`` (float32 mono at 16 kHz). ``language``: None lets the model
+        detect it; ``prompt``: text to bias the spelling (Whisper's initial prompt)."""
+
+
+class LLM(Protocol):
+    resumes: bool  # True: the LLM stage pauses a reply by stopping it and continuing from
+    # ``request.prefix`` later; False: by blocking its stream
+
+    def generate(self, request, on_text: Callable[[str], None], should_stop: Callable[[], bool],
+                 on_function_call: Callable[..., None] | None = None) -> dict:
+        """Generate the reply to ``request`` (``pool.backends.llm.LLMRequest``): stream its text
+        through ``on_text(text)``; report a tool call as ``on_function_call(name, arguments,
+        call_id=None)`` (``arguments``: a JSON string) instead of text; return as soon as
+        ``should_stop()`` is true. Returns usage: ``{"input_tokens", "output_tokens"}``."""
+
+
+class TTS(Protocol):
+    voices: frozenset  # voice names the model has
+    languages: frozenset  # ISO 639-1 codes of those voices
+
+    def resolve_voice(self, name: str) -> str:
+        """The model's voice for a session's ``voice`` (an OpenAI voice name maps to one)."""
+
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> np.ndarray:
+        """Speech for ``text``: float32 mono at 24 kHz."""
+
+
+class TurnModel(Protocol):
+    def is_complete(self, audio: np.ndarray) -> bool:
+        """Whether the user has finished their turn: ``audio`` is the turn so far, float32 mono
+        at 16 kHz (``semantic_vad``; ``pool.backends.turn.SmartTurn``)."""
+
+
 @dataclass(frozen=True)
 class Backends:
-    vad: object
-    stt: object
-    llm: object
-    tts: object
-    turn: object = None  # None: semantic_vad ends turns on silence alone
+    vad: VAD
+    stt: STT
+    llm: LLM
+    tts: TTS
+    turn: TurnModel | None = None  # None: semantic_vad ends turns on silence alone
+
+
+# The short names S2S["BACKEND"] takes; anything else is the dotted path of a loader.
+LOADERS = {"default": "pool.backends.load_default", "scripted": "pool.backends.scripted.load_scripted"}
+
+
+class InvalidBackendError(ImproperlyConfigured):
+    """S2S["BACKEND"] names no loader that can be imported."""
+
+
+def backend_loader(name):
+    """The loader ``S2S["BACKEND"]`` names: "default", "scripted", or the dotted path of a
+    callable ``load(config) -> Backends`` (a host project's own models), imported as channels
+    imports ``CHANNEL_LAYERS`` backends. Raises InvalidBackendError."""
+    path = LOADERS.get(name, name)
+    try:
+        return import_string(path)
+    except ImportError as exc:
+        raise InvalidBackendError(f"S2S['BACKEND'] = {name!r}: cannot import {path!r} ({exc}). Use "
+                                  f"'default', 'scripted' or the dotted path of a loader function.") from exc
 
 
 def load_backends(config):
-    """Load the backends named by ``config["BACKEND"]`` ("default" or "scripted").
+    """The backends of ``config["BACKEND"]`` (``backend_loader``), loaded."""
+    return backend_loader(config["BACKEND"])(config)
 
-    The default set needs the prepared model cache (``manage.py prepare_models``); it is
-    prepared here when missing. Raises ``pool.prepare.PreparationError`` when it cannot be.
-    """
-    if config["BACKEND"] == "scripted":
-        from .scripted import load_scripted
 
-        return load_scripted(config)
-    if config["BACKEND"] != "default":
-        raise ValueError(f"Unknown S2S['BACKEND'] {config['BACKEND']!r}: use 'default' or 'scripted'.")
+def load_default(config):
+    """Silero VAD, faster-whisper, the LLM of ``pool.backends.llm.load_llm``, Kokoro and Smart
+    Turn. They need the prepared model cache (``manage.py prepare_models``), prepared here when
+    missing. Raises ``pool.prepare.PreparationError`` when it cannot be."""
     from ..prepare import default_paths, is_prepared, prepare
     from .llm import load_llm
     from .stt import WhisperSTT

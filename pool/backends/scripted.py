@@ -100,6 +100,7 @@ class ScriptedTTS:
 
 
 def load_scripted(config):
+    """The scripted test backend: real Silero VAD and Smart Turn, scripted STT, LLM and TTS."""
     from ..prepare import SMART_TURN_FILE, default_paths, package_dir
     from .turn import SmartTurn
 
