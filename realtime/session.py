@@ -376,7 +376,7 @@ class RealtimeSession:
         self.turns.speech_started(event)
 
     def _on_speech_stopped(self, event):
-        self._turn_marks.reach("speech_stopped")
+        self._turn_marks.speech_stopped = time.perf_counter()
         self.history.speech_stopped(event.item_id, event.audio_end_ms)
         self.turns.speech_stopped()
         self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.audio_end_ms,
@@ -384,7 +384,7 @@ class RealtimeSession:
 
     def _on_input_committed(self, event):
         self.stats["turns"] += 1
-        self._turn_marks.reach("committed")
+        self._turn_marks.committed = time.perf_counter()
         self.send("input_audio_buffer.committed", previous_item_id=self.conversation.last_id(),
                   item_id=event.item_id)
         item = conv.user_audio_item(event.item_id)
@@ -401,7 +401,7 @@ class RealtimeSession:
                                       param="audio" if event.code in ("invalid_base64", "invalid_audio") else None))
 
     def _on_transcribed(self, event):
-        self._turn_marks.reach("transcribed")
+        self._turn_marks.transcribed = time.perf_counter()  # the latest item's
         self._turn_marks.stt_compute_s = event.stt_seconds
         self._turn_marks.stt_speculative = event.speculative
         item = self.items.get(event.item_id)

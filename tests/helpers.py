@@ -77,14 +77,15 @@ def silence(seconds):
     return np.zeros(int(seconds * 24_000), np.float32)
 
 
-def check_turns_answered(events, stale_audio_allowed=False):
+def check_turns_answered(events, interrupt_response=True):
     """The turn-taking promises on a list of server events (dicts, in the order received):
 
     - every committed user item gets its transcription completed (or failed);
     - the last committed item is followed by a response created after it that completed;
     - no ``response.output_audio.delta`` of a reply created before the user's latest
-      ``speech_started`` reaches the client (no stale reply talks over the user), unless
-      ``stale_audio_allowed`` (``interrupt_response`` off and speech over a reply already heard).
+      ``speech_started`` reaches the client (no stale reply talks over the user); with
+      ``interrupt_response`` off, a reply the user was already hearing may go on, but a reply
+      whose audio had not begun may not begin over the user.
 
     Returns ``(committed item ids, {response id: status})``.
     """
@@ -101,13 +102,16 @@ def check_turns_answered(events, stale_audio_allowed=False):
     last_commit = committed[-1][0]
     answers = [rid for rid, i in created.items() if i > last_commit and status.get(rid) == "completed"]
     assert answers, f"the last turn got no completed reply: {status}, {types[last_commit:]}"
-    latest_speech = -1
+    latest_speech, heard = -1, {}  # response id -> index of its first audio delta
     for i, e in enumerate(events):
         if e["type"] == "input_audio_buffer.speech_started":
             latest_speech = i
-        elif e["type"] == "response.output_audio.delta" and not stale_audio_allowed:
-            assert created[e["response_id"]] > latest_speech, (
-                f"audio of {e['response_id']}, created before the speech at event {latest_speech}, "
+        elif e["type"] == "response.output_audio.delta":
+            rid = e["response_id"]
+            heard.setdefault(rid, i)
+            going_on = not interrupt_response and heard[rid] < latest_speech
+            assert created[rid] > latest_speech or going_on, (
+                f"audio of {rid}, created before the speech at event {latest_speech}, "
                 f"reached the client at event {i}")
     return [item for _, item in committed], status
 

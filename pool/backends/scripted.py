@@ -25,6 +25,7 @@ class Script:
 
     def reset(self):
         self.transcript = "hello from the scripted backend"
+        self.peek_transcript = None  # what peeks at speech over the assistant hear (None: transcript)
         self.reply = "This is a scripted reply. It has two sentences."
         self.token_delay = 0.0  # seconds between LLM words
         self.seconds_per_char = 0.01  # TTS audio length per character of text
@@ -46,6 +47,8 @@ class ScriptedSTT:
     def transcribe(self, audio, language=None, prompt=None):
         if SCRIPT.stt_error is not None:
             raise SCRIPT.stt_error
+        if prompt is not None and SCRIPT.peek_transcript is not None:  # a peek (realtime.turns)
+            return SCRIPT.peek_transcript
         if callable(SCRIPT.transcript):
             return SCRIPT.transcript(audio)
         return SCRIPT.transcript
