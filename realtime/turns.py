@@ -179,11 +179,10 @@ class TurnTaking:
                 self._ask_peek(undecided)  # still speaking: listen to the next stretch
             return
         undecided.held.append(event)
-        if (isinstance(event, m.Transcribed) and undecided.peeks
-                and interrupts(event.transcript, self._backchannels)):
-            # Speech long enough to be peeked at ended before a peek heard words, but its whole
-            # transcript has them (a peek at the first half second of "Ask not." can hear
-            # "S..."): a turn after all. Shorter speech is a backchannel or noise, as before.
+        if isinstance(event, m.Transcribed) and interrupts(event.transcript, self._backchannels):
+            # No peek heard words, but the utterance's own transcript (made without the peeks'
+            # backchannel prompt) has them: a turn after all. Peeks at "Ask not." heard "S..."
+            # and, prompted with hums, "" for the whole of it.
             self._confirm(undecided)
         elif isinstance(event, (m.Transcribed, m.TranscriptionFailed)):
             undecided.ended = True
