@@ -9,7 +9,7 @@ PORT ?= 8000
 
 NODE_STAMP := tests/node/node_modules/.installed
 
-.PHONY: install browser serve test
+.PHONY: install browser serve test test-fast
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -39,3 +39,8 @@ $(NODE_STAMP): tests/node/package-lock.json
 
 test: install browser $(NODE_STAMP)
 	$(PY) -m pytest -ra
+
+# The tests that need no real models, live server, browser, Node, PostgreSQL, Redis or wheel build
+# (the scripted backend through channels' test tools): minutes, not the full suite's half hour.
+test-fast: install
+	$(PY) -m pytest -m "not (models or live or chromium or node or postgres or redis or wheel)"

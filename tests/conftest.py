@@ -11,6 +11,20 @@ from .helpers import Client
 from .live import LiveServer
 
 
+# What a test needs, read from the fixtures it uses (tests that start their own servers or
+# services carry the marks themselves). The markers are listed in pyproject.toml; `make
+# test-fast` runs what needs none of them.
+NEEDS = {"server": ("models", "live"), "scripted_server": ("live",), "stt": ("models",), "gguf": ("models",),
+         "speak": ("models",), "cluster": ("live", "postgres", "redis")}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            for marker in NEEDS.get(fixture, ()):
+                item.add_marker(marker)
+
+
 # The session-wide live servers take every test's connects from one address, faster than the
 # default CONNECTS_PER_MINUTE (60) allows; test_production tests that default.
 MANY_CONNECTS = {"S2S_JSON": json.dumps({"CONNECTS_PER_MINUTE": None})}

@@ -107,6 +107,7 @@ async def test_by_default_a_client_without_a_key_is_refused_even_on_loopback(rec
     await client.ws.disconnect()
 
 
+@pytest.mark.live
 def test_runpool_behind_a_same_host_proxy_serves_keyed_clients_only(tmp_path):
     """The reported case: runpool on 0.0.0.0 without --allow-anonymous, reached through
     127.0.0.1 as a proxy on the same host would, with the openai SDK."""

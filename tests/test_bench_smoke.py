@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.models, pytest.mark.live]
 
 
 def test_bench_smoke_runs_every_benchmark():

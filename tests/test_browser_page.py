@@ -10,7 +10,7 @@ from realtime.client import load_audio
 from .browser import admin_login, browser, screenshot_path
 from .helpers import JFK
 
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.chromium
 
 
 def test_a_person_talks_to_the_agent_in_the_browser(server, tmp_path):

@@ -17,7 +17,6 @@ from realtime.client import talk
 from .helpers import HOTWORDS, JFK, JFK_WORDS, normalise
 from .live import LiveServer
 
-pytestmark = pytest.mark.e2e
 SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": {"silence_duration_ms": 1500}}}}
 
 
@@ -173,6 +172,7 @@ async def test_disconnect_mid_audio_and_reconnect_at_once_gets_a_clean_unit(serv
     assert events[-1].response.status == "completed"
 
 
+@pytest.mark.live
 async def test_sigterm_closes_sessions_with_1001_and_records_their_end(tmp_path):
     live = LiveServer(tmp_path, env={"S2S_BACKEND": "scripted"})
     async with websockets.connect(f"{live.base_url}/realtime") as ws:
@@ -227,6 +227,7 @@ async def test_frames_after_the_close_frame_are_ignored(scripted_server):
         assert json.loads(await ws.recv())["type"] == "session.created"
 
 
+@pytest.mark.chromium
 def test_admin_pool_page_in_headless_chromium_with_a_session_active(scripted_server):
     from .browser import admin_login, browser, screenshot_path
 

@@ -19,7 +19,6 @@ from .helpers import JFK, JFK_WORDS, check_turns_answered, normalise
 from .live import ROOT
 from .test_e2e import _wait_idle
 
-pytestmark = pytest.mark.e2e
 
 
 async def converse(server, **kwargs):

@@ -15,9 +15,9 @@ from .helpers import HOTWORDS, normalise
 from .live import LiveServer
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.live
 async def test_a_voice_turn_through_a_host_project_under_a_prefix(tmp_path):
     host = LiveServer(tmp_path, env={"DJANGO_SETTINGS_MODULE": "tests.hostproject.settings"}, prefix="/voice")
     try:
@@ -50,6 +50,7 @@ def test_system_checks_tell_a_host_what_it_misconfigured(settings):
     assert {"pool.E002", "pool.W002"} <= ids
 
 
+@pytest.mark.wheel
 def test_the_wheel_carries_templates_static_files_migrations_and_voices(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path), "-q"], check=True, cwd=tmp_path)

@@ -22,6 +22,8 @@ from bench import misbehave
 
 from .live import LiveServer, free_port
 
+pytestmark = pytest.mark.live
+
 SCRIPTED = {"S2S_BACKEND": "scripted"}
 
 
@@ -189,6 +191,7 @@ class PrivatePostgres:
         shutil.rmtree(self.data, ignore_errors=True)
 
 
+@pytest.mark.postgres
 async def test_sessions_go_on_through_a_postgresql_outage_and_no_record_is_lost(tmp_path):
     postgres = await asyncio.to_thread(PrivatePostgres)
     env = {**SCRIPTED, "DATABASE_URL": postgres.url, "S2S_JSON": json.dumps({"HEARTBEAT_SECONDS": 0.5})}

@@ -11,7 +11,6 @@ from pool.backends.llm import LLMRequest, LlamaCppLLM, TransformersLLM, load_llm
 from pool.conf import DEFAULTS
 from pool.prepare import default_paths
 
-pytestmark = pytest.mark.e2e
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in full sentences."}
 QUESTION = {"role": "user", "content": "Tell me about the city of Paris."}

@@ -13,7 +13,7 @@ from realtime.client import load_audio
 from .helpers import HOTWORDS, JFK
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
-pytestmark = pytest.mark.e2e
+pytestmark = pytest.mark.node
 
 
 def test_openai_agents_sdk_voice_turn_interruption_and_tool_call(server, scripted_server, tmp_path):

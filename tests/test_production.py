@@ -234,6 +234,7 @@ def test_the_production_profile_passes_check_deploy_and_requires_a_key(tmp_path)
     assert run.returncode != 0 and "DJANGO_SECRET_KEY must be set" in run.stderr
 
 
+@pytest.mark.live
 def test_runpool_migrates_a_fresh_sqlite_database_and_serves(tmp_path):
     live = LiveServer(tmp_path, env={"S2S_BACKEND": "scripted"}, migrate=False)
     try:

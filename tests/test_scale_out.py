@@ -19,7 +19,6 @@ import websockets
 
 from .live import LiveServer, free_port
 
-pytestmark = pytest.mark.e2e
 PG = "postgresql://postgres@127.0.0.1:5432"
 
 

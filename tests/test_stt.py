@@ -12,7 +12,6 @@ from realtime.client import load_audio
 
 from .helpers import AUDIO_DIR, HOTWORDS, JFK, JFK_WORDS, normalise
 
-pytestmark = pytest.mark.e2e
 
 
 def _16k(path):
