@@ -15,14 +15,15 @@ from django.utils.html import format_html
 from . import control, timings
 from .auth import new_key
 from .models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
+from .states import ProcessState, SessionState, UnitState
 
-STATE_COLOURS = {"idle": "#2e7d32", "active": "#1565c0", "draining": "#ef6c00",
-                 "quarantined": "#c62828", "lost": "#6d4c41"}
+STATE_COLOURS = {UnitState.IDLE: "#2e7d32", UnitState.ACTIVE: "#1565c0", UnitState.DRAINING: "#ef6c00",
+                 UnitState.QUARANTINED: "#c62828", SessionState.LOST: "#6d4c41"}
 
 
 def state_badge(state):
     colour = STATE_COLOURS.get(state, "#555")
-    weight = "bold" if state == "quarantined" else "normal"
+    weight = "bold" if state == UnitState.QUARANTINED else "normal"
     return format_html('<span style="color:#fff;background:{};padding:2px 8px;border-radius:8px;'
                        'font-weight:{}">{}</span>', colour, weight, state)
 
@@ -56,7 +57,7 @@ class UnitAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("process").filter(
-            process__state=ServerProcess.RUNNING)
+            process__state=ProcessState.RUNNING)
 
     @admin.display(description="state", ordering="state")
     def state_display(self, unit):
@@ -109,7 +110,7 @@ class ServerProcessAdmin(ReadOnlyAdmin):
             return redirect("admin:pool_overview")
         now = timezone.now()
         processes = []
-        for process in ServerProcess.objects.filter(state=ServerProcess.RUNNING).prefetch_related("units"):
+        for process in ServerProcess.objects.filter(state=ProcessState.RUNNING).prefetch_related("units"):
             units = [{"unit": unit, "badge": state_badge(unit.state),
                       "for": seconds((now - unit.state_since).total_seconds(), 0)} for unit in process.units.all()]
             processes.append({"process": process, "units": units,

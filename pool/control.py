@@ -15,6 +15,7 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from .models import Session, Unit
+from .states import UnitState
 from .registry import local_registry
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def release_unit(unit_row, user):
 
     Returns ``(ok, message)``; never raises for a unit that is not quarantined or unreachable.
     """
-    if unit_row.state != Unit.QUARANTINED:
+    if unit_row.state != UnitState.QUARANTINED:
         return False, f"{unit_row} is {unit_row.state}, not quarantined."
     session_id = unit_row.session_id
     registry = local_registry()
@@ -62,7 +63,7 @@ def _release_remote(unit_row, session_id, user):
     deadline = time.monotonic() + CONFIRM_SECONDS
     while time.monotonic() < deadline:
         unit_row.refresh_from_db(fields=["state"])
-        if unit_row.state != Unit.QUARANTINED:
+        if unit_row.state != UnitState.QUARANTINED:
             _record_release(session_id, user)
             return True, f"{unit_row} released by its process: fresh handler threads, back to idle."
         time.sleep(0.1)

@@ -9,8 +9,9 @@ import socket
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from .states import UnitState
+
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
-STATES = ("idle", "active", "draining", "quarantined")
 # Latency buckets (seconds): turn stages run from tens of milliseconds to a few seconds.
 BUCKETS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 8.0)
 
@@ -31,14 +32,14 @@ STAGE_SECONDS = Histogram("s2s_stage_seconds", "Compute time of a stage in one t
 
 def unit_changed(registry, old, new):
     """Refresh the unit gauges after a state change (called under the registry lock)."""
-    counts = {state: 0 for state in STATES}
+    counts = dict.fromkeys(UnitState.values, 0)
     for unit in registry.units:
         counts[unit.state] = counts.get(unit.state, 0) + 1
     for state, count in counts.items():
         UNITS.labels(PROCESS, state).set(count)
-    if new == "quarantined":
+    if new == UnitState.QUARANTINED:
         QUARANTINES.labels(PROCESS).inc()
-    elif old == "quarantined" and new == "idle":
+    elif old == UnitState.QUARANTINED and new == UnitState.IDLE:
         RELEASES.labels(PROCESS).inc()
 
 

@@ -7,17 +7,16 @@ recorder thread (``pool.records``), so database work never blocks the event loop
 from django.conf import settings
 from django.db import models
 
+from .states import EndReason, ProcessState, SessionState, UnitState
+
 
 class ServerProcess(models.Model):
     """One ``runpool`` (or embedding) process that owns a pool of units."""
 
-    RUNNING, STOPPED, LOST = "running", "stopped", "lost"
-
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     pool_size = models.PositiveSmallIntegerField()
-    state = models.CharField(max_length=16, default=RUNNING,
-                             choices=[(RUNNING, "running"), (STOPPED, "stopped"), (LOST, "lost")])
+    state = models.CharField(max_length=16, choices=ProcessState.choices, default=ProcessState.RUNNING)
     started_at = models.DateTimeField(auto_now_add=True)
     heartbeat_at = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
@@ -40,12 +39,9 @@ class ServerProcess(models.Model):
 class Unit(models.Model):
     """The live state of one PipelineUnit, as its process last reported it."""
 
-    IDLE, ACTIVE, DRAINING, QUARANTINED = "idle", "active", "draining", "quarantined"
-    STATES = [(IDLE, "idle"), (ACTIVE, "active"), (DRAINING, "draining"), (QUARANTINED, "quarantined")]
-
     process = models.ForeignKey(ServerProcess, on_delete=models.CASCADE, related_name="units")
     index = models.PositiveSmallIntegerField()
-    state = models.CharField(max_length=16, choices=STATES, default=IDLE)
+    state = models.CharField(max_length=16, choices=UnitState.choices, default=UnitState.IDLE)
     session_id = models.CharField(max_length=64, blank=True)
     state_since = models.DateTimeField()
     input_lag_max_ms = models.FloatField(
@@ -64,7 +60,7 @@ class Unit(models.Model):
 
 class QuarantinedUnitManager(models.Manager):
     def get_queryset(self):
-        return super().get_queryset().filter(state=Unit.QUARANTINED)
+        return super().get_queryset().filter(state=UnitState.QUARANTINED)
 
 
 class QuarantinedUnit(Unit):
@@ -111,18 +107,10 @@ class APIKey(models.Model):
 class Session(models.Model):
     """One WebSocket session, from connect to the end of its unit's drain."""
 
-    ACTIVE, DRAINING, ENDED, QUARANTINED, RELEASED, LOST = (
-        "active", "draining", "ended", "quarantined", "released", "lost")
-    STATES = [(s, s) for s in (ACTIVE, DRAINING, ENDED, QUARANTINED, RELEASED, LOST)]
-    CLIENT_CLOSE, IDLE_TIMEOUT, SHUTDOWN, ERROR = "client_close", "idle_timeout", "shutdown", "error"
-    SESSION_EXPIRED, CLIENT_TOO_SLOW = "session_expired", "client_too_slow"  # realtime.consumers
-    END_REASONS = [(r, r.replace("_", " ")) for r in (
-        CLIENT_CLOSE, IDLE_TIMEOUT, SESSION_EXPIRED, CLIENT_TOO_SLOW, SHUTDOWN, ERROR, LOST)]
-
     session_id = models.CharField(max_length=64, unique=True)
     process = models.ForeignKey(ServerProcess, null=True, on_delete=models.SET_NULL, related_name="sessions")
     unit_index = models.PositiveSmallIntegerField()
-    state = models.CharField(max_length=16, choices=STATES, default=ACTIVE)
+    state = models.CharField(max_length=16, choices=SessionState.choices, default=SessionState.ACTIVE)
     created_at = models.DateTimeField(db_index=True)
     ended_at = models.DateTimeField(null=True, blank=True)
     release_after = models.DateTimeField(null=True, blank=True,
@@ -132,7 +120,7 @@ class Session(models.Model):
     released_at = models.DateTimeField(null=True, blank=True)
     released_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                     on_delete=models.SET_NULL, related_name="+")
-    end_reason = models.CharField(max_length=16, choices=END_REASONS, blank=True)
+    end_reason = models.CharField(max_length=16, choices=EndReason.choices, blank=True)
     close_code = models.PositiveIntegerField(null=True, blank=True)
     turns = models.PositiveIntegerField(default=0)
     responses = models.PositiveIntegerField(default=0)

@@ -23,9 +23,11 @@ from django.core.files import File
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
+from .backends import SPEECH_RATE, TTS_RATE
+
 log = logging.getLogger(__name__)
 
-RATES = {"user": 16_000, "assistant": 24_000}  # Hz: the VAD's input rate, the TTS's output rate
+RATES = {"user": SPEECH_RATE, "assistant": TTS_RATE}  # Hz
 FOLDER = "s2s-recordings"
 BLOCK_SAMPLES = 1 << 20  # samples encoded at a time
 

@@ -21,6 +21,8 @@ from datetime import timedelta
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 from django.utils import timezone
 
+from .states import EndReason, ProcessState, SessionState, UnitState
+
 log = logging.getLogger(__name__)
 
 _STOP = object()
@@ -275,16 +277,16 @@ class Records(NoRecords):
         from .models import Session, Unit
 
         Unit.objects.filter(process_id=self.process_id, index=index).update(
-            state=new, session_id=session_id if new != Unit.IDLE else "", state_since=now)
+            state=new, session_id=session_id if new != UnitState.IDLE else "", state_since=now)
         sessions = Session.objects.filter(session_id=session_id)
-        if new == Unit.DRAINING:
-            sessions.update(state=Session.DRAINING)
-        elif old == Unit.DRAINING and new == Unit.IDLE:
-            sessions.update(state=Session.ENDED, drained_at=now)
-        elif new == Unit.QUARANTINED:
-            sessions.update(state=Session.QUARANTINED, quarantined_at=now)
-        elif old == Unit.QUARANTINED and new == Unit.IDLE:
-            sessions.update(state=Session.RELEASED)
+        if new == UnitState.DRAINING:
+            sessions.update(state=SessionState.DRAINING)
+        elif old == UnitState.DRAINING and new == UnitState.IDLE:
+            sessions.update(state=SessionState.ENDED, drained_at=now)
+        elif new == UnitState.QUARANTINED:
+            sessions.update(state=SessionState.QUARANTINED, quarantined_at=now)
+        elif old == UnitState.QUARANTINED and new == UnitState.IDLE:
+            sessions.update(state=SessionState.RELEASED)
 
     def _heartbeat(self):
         from .models import ServerProcess
@@ -319,11 +321,11 @@ class Records(NoRecords):
         now = timezone.now()
         with transaction.atomic():
             Session.objects.filter(process_id=self.process_id, ended_at__isnull=True).update(
-                ended_at=now, end_reason=Session.SHUTDOWN, state=Session.ENDED)
-            Session.objects.filter(process_id=self.process_id, state=Session.DRAINING).update(
-                state=Session.ENDED)
+                ended_at=now, end_reason=EndReason.SHUTDOWN, state=SessionState.ENDED)
+            Session.objects.filter(process_id=self.process_id, state=SessionState.DRAINING).update(
+                state=SessionState.ENDED)
             ServerProcess.objects.filter(pk=self.process_id).update(
-                state=ServerProcess.STOPPED, stopped_at=now, heartbeat_at=now)
+                state=ProcessState.STOPPED, stopped_at=now, heartbeat_at=now)
 
     def _mark_lost(self):
         """Processes silent for ``lost_after_seconds``: lost, and their open sessions too."""
@@ -331,7 +333,7 @@ class Records(NoRecords):
 
         now = timezone.now()
         silent = ServerProcess.objects.filter(
-            state=ServerProcess.RUNNING, heartbeat_at__lt=now - timedelta(seconds=self.lost_after_seconds))
+            state=ProcessState.RUNNING, heartbeat_at__lt=now - timedelta(seconds=self.lost_after_seconds))
         if self.process_id:
             silent = silent.exclude(pk=self.process_id)
         lost = list(silent.values_list("pk", flat=True))
@@ -339,8 +341,8 @@ class Records(NoRecords):
             return
         with transaction.atomic():
             Session.objects.filter(process_id__in=lost, ended_at__isnull=True).update(
-                ended_at=now, end_reason=Session.LOST)
-            Session.objects.filter(process_id__in=lost, state__in=[Session.ACTIVE, Session.DRAINING]).update(
-                state=Session.LOST)
-            ServerProcess.objects.filter(pk__in=lost).update(state=ServerProcess.LOST, stopped_at=now)
+                ended_at=now, end_reason=EndReason.LOST)
+            Session.objects.filter(process_id__in=lost, state__in=[SessionState.ACTIVE, SessionState.DRAINING]).update(
+                state=SessionState.LOST)
+            ServerProcess.objects.filter(pk__in=lost).update(state=ProcessState.LOST, stopped_at=now)
         log.warning("pool records: processes %s stopped heart-beating; their sessions are lost", lost)

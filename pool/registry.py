@@ -14,7 +14,8 @@ from . import metrics
 from .backends.tts import OPENAI_VOICES
 from .conf import get_config
 from .records import NoRecords, Records
-from .unit import ACTIVE, DRAINING, IDLE, QUARANTINED, PipelineUnit
+from .states import UnitState
+from .unit import PipelineUnit
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class PoolRegistry:
         now = time.time()
         for unit in self.units:
             unit.state_since = now
-        metrics.unit_changed(self, None, IDLE)
+        metrics.unit_changed(self, None, UnitState.IDLE)
         self._drains = {}  # unit index -> (ctx of the draining session, deadline timer)
         self._changed = threading.Condition(self._lock)
 
@@ -71,8 +72,8 @@ class PoolRegistry:
         with self._lock:
             while self.accepting:
                 for unit in self.units:
-                    if unit.state == IDLE:
-                        self._set_state(unit, ACTIVE, session_id)
+                    if unit.state == UnitState.IDLE:
+                        self._set_state(unit, UnitState.ACTIVE, session_id)
                         return unit
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not self.draining():
@@ -82,26 +83,26 @@ class PoolRegistry:
 
     def draining(self):
         """True when some unit is draining (and may soon be idle)."""
-        return any(unit.state == DRAINING for unit in self.units)
+        return any(unit.state == UnitState.DRAINING for unit in self.units)
 
     def release(self, unit):
         """End the unit's session: it drains in the background; idle when drained, quarantined
         if the drain has not finished ``release_after`` seconds from now. Never blocks."""
         with self._lock:
-            if unit.state != ACTIVE:
+            if unit.state != UnitState.ACTIVE:
                 return
             ctx = unit.end_session()
             timer = threading.Timer(self.release_after, self._on_deadline, (unit, ctx))
             timer.daemon = True
             self._drains[unit.index] = (ctx, timer)
-            self._set_state(unit, DRAINING, unit.session_id)
+            self._set_state(unit, UnitState.DRAINING, unit.session_id)
         timer.start()
 
     def _end_drain(self, unit, ctx):
         """Under the lock: the drain of ``ctx`` on ``unit`` if it is still the one running (the
         drain and its deadline race; only the first to come ends it), else None."""
         drain = self._drains.get(unit.index)
-        if unit.state != DRAINING or drain is None or drain[0] is not ctx:
+        if unit.state != UnitState.DRAINING or drain is None or drain[0] is not ctx:
             return None
         return self._drains.pop(unit.index)
 
@@ -110,7 +111,7 @@ class PoolRegistry:
             drain = self._end_drain(unit, ctx)
             if drain:
                 drain[1].cancel()
-                self._set_state(unit, IDLE)
+                self._set_state(unit, UnitState.IDLE)
         if ctx.recording is not None:  # complete: every stage is done with this session
             session_id = ctx.recording.session_id
             ctx.recording.save(lambda names: self.records.recording_saved(session_id, names))
@@ -119,23 +120,23 @@ class PoolRegistry:
         with self._lock:
             if self._end_drain(unit, ctx):
                 log.warning("unit %s did not drain in %.0f s: quarantined", unit.index, self.release_after)
-                self._set_state(unit, QUARANTINED, unit.session_id)
+                self._set_state(unit, UnitState.QUARANTINED, unit.session_id)
 
     def release_quarantined(self, index):
         """Operator release: fresh threads for the unit, then idle. Returns False if not quarantined."""
         unit = self.units[index]
         with self._lock:
-            if unit.state != QUARANTINED:
+            if unit.state != UnitState.QUARANTINED:
                 return False
             unit.restart()
-            self._set_state(unit, IDLE)
+            self._set_state(unit, UnitState.IDLE)
         return True
 
     def wait_settled(self, timeout):
         """Block until no unit is active or draining, or ``timeout`` seconds. Returns True if settled."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while any(u.state in (ACTIVE, DRAINING) for u in self.units):
+            while any(u.state in (UnitState.ACTIVE, UnitState.DRAINING) for u in self.units):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

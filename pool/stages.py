@@ -19,7 +19,8 @@ import numpy as np
 
 from . import messages as m
 from . import metrics
-from .backends.vad import SAMPLE_RATE, WINDOW_SAMPLES
+from .backends import SPEECH_RATE, TTS_RATE
+from .backends.vad import WINDOW_SAMPLES
 from .ids import new_id
 from .pacing import pace_of
 
@@ -34,7 +35,6 @@ MIN_SPEECH_MS = 160
 # ends at this pause has its transcript ready (or under way) when the silence commits it. With
 # an end-of-turn model it starts halfway to the model's check, which may commit at once.
 SPECULATE_MS = 200
-TTS_RATE = 24_000  # Hz, what the TTS backends return
 
 
 class Stage:
@@ -59,7 +59,7 @@ class Stage:
 
 
 def _ms(samples):
-    return int(samples * 1000 // SAMPLE_RATE)
+    return int(samples * 1000 // SPEECH_RATE)
 
 
 class VADStage(Stage):
@@ -128,7 +128,7 @@ class VADStage(Stage):
             ctx.emit(m.InputRejected("invalid_audio", str(exc), msg.event_id))
             return
         buffered = len(self._buffer) * WINDOW_SAMPLES + len(self._pending)
-        if buffered + len(samples) > MAX_BUFFER_SECONDS * SAMPLE_RATE:
+        if buffered + len(samples) > MAX_BUFFER_SECONDS * SPEECH_RATE:
             ctx.emit(m.InputRejected(
                 "input_audio_buffer_full",
                 f"The input audio buffer holds at most {MAX_BUFFER_SECONDS} s; commit or clear it.",
@@ -153,7 +153,7 @@ class VADStage(Stage):
         voiced = probability >= td["threshold"]
         if self._speech_item is None:
             self._prefix.append(window)
-            while len(self._prefix) * WINDOW_SAMPLES > td["prefix_padding_ms"] * SAMPLE_RATE // 1000 + WINDOW_SAMPLES:
+            while len(self._prefix) * WINDOW_SAMPLES > td["prefix_padding_ms"] * SPEECH_RATE // 1000 + WINDOW_SAMPLES:
                 self._prefix.popleft()
             if voiced:  # a candidate: speech once it has MIN_SPEECH_MS of voiced windows
                 self._speech_item = new_id("item")
@@ -164,7 +164,7 @@ class VADStage(Stage):
             return
         self._buffer.append(window)
         self._voiced += voiced
-        if not self._announced and self._voiced * WINDOW_SAMPLES * 1000 >= MIN_SPEECH_MS * SAMPLE_RATE:
+        if not self._announced and self._voiced * WINDOW_SAMPLES * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
             self._announced = True
             ctx.emit(m.SpeechStarted(self._speech_item, _ms(max(self._speech_start, 0))))
         if probability < max(td["threshold"] - NEG_THRESHOLD_GAP, 0.01):
@@ -172,12 +172,12 @@ class VADStage(Stage):
         else:
             self._silence, self._asked, self._speculated = 0, False, None
         if not self._announced:
-            if self._silence * 1000 >= MIN_SPEECH_MS * SAMPLE_RATE:
+            if self._silence * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
                 self._drop_candidate()
             return
         self._maybe_peek(ctx)
         self._maybe_speculate(ctx, td)
-        if self._silence * 1000 >= td["silence_ms"] * SAMPLE_RATE or self._finished_early(td):
+        if self._silence * 1000 >= td["silence_ms"] * SPEECH_RATE or self._finished_early(td):
             item_id = self._speech_item
             ctx.emit(m.SpeechStopped(item_id, _ms(self._samples_seen - self._silence)))
             self._commit(ctx, None, item_id)
@@ -194,7 +194,7 @@ class VADStage(Stage):
         silence came between."""
         at_ms = min(SPECULATE_MS, td["check_ms"] // 2) if td["check_ms"] else SPECULATE_MS
         if (self._speculated is not None or td["silence_ms"] <= at_ms
-                or self._silence * 1000 < at_ms * SAMPLE_RATE):
+                or self._silence * 1000 < at_ms * SPEECH_RATE):
             return
         audio = np.concatenate(self._buffer)
         self._speculated = len(audio)
@@ -203,7 +203,7 @@ class VADStage(Stage):
     def _finished_early(self, td):
         """semantic_vad: at the first ``check_ms`` of a pause, the end-of-turn model decides."""
         if (td["check_ms"] is None or self._turn is None or self._asked
-                or self._silence * 1000 < td["check_ms"] * SAMPLE_RATE):
+                or self._silence * 1000 < td["check_ms"] * SPEECH_RATE):
             return False
         self._asked = True
         return self._turn.is_complete(np.concatenate(self._buffer))
@@ -211,7 +211,7 @@ class VADStage(Stage):
     def _peek_request(self, ctx, msg):
         """Peek at the current speech once it is voiced enough; at the last item, which ended
         before the request came (the input was ahead of the protocol), as a whole."""
-        after = msg.after_ms * SAMPLE_RATE // 1000
+        after = msg.after_ms * SPEECH_RATE // 1000
         if msg.item_id == self._speech_item:
             self._peek = (after, msg.prompt)
             self._maybe_peek(ctx)
@@ -277,7 +277,7 @@ class STTStage(Stage):
         speculation, self._speculation = self._speculation, None
         if speculation and isinstance(msg, m.Transcribe) and speculation[:2] == (msg.item_id, msg.speculated_samples):
             metrics.SPECULATIONS.labels(metrics.PROCESS, "used").inc()
-            ctx.emit(m.Transcribed(msg.item_id, speculation[2], len(msg.audio) / SAMPLE_RATE, speculation[3],
+            ctx.emit(m.Transcribed(msg.item_id, speculation[2], len(msg.audio) / SPEECH_RATE, speculation[3],
                                    speculative=True))
             return
         if speculation:  # the user went on speaking after the pause: the work is thrown away
@@ -296,7 +296,7 @@ class STTStage(Stage):
         except Exception as exc:  # noqa: BLE001 - any model failure fails the item, not the thread
             ctx.emit(m.TranscriptionFailed(msg.item_id, f"{type(exc).__name__}: {exc}"))
             return
-        ctx.emit(m.Transcribed(msg.item_id, transcript, len(msg.audio) / SAMPLE_RATE,
+        ctx.emit(m.Transcribed(msg.item_id, transcript, len(msg.audio) / SPEECH_RATE,
                                time.perf_counter() - started))
 
 

@@ -15,10 +15,10 @@ import threading
 
 from . import messages as m
 from .stages import LLMStage, STTStage, TTSStage, VADStage
+from .states import UnitState
 
 log = logging.getLogger(__name__)
 
-IDLE, ACTIVE, DRAINING, QUARANTINED = "idle", "active", "draining", "quarantined"
 
 # Queue bounds (messages). The VAD inbox takes one message per client append; a full inbox makes
 # the consumer wait (back-pressure to the socket) rather than drop audio.
@@ -95,7 +95,7 @@ class PipelineUnit:
 
     def __init__(self, index, backends, on_drained_callback):
         self.index = index
-        self.state = IDLE
+        self.state = UnitState.IDLE
         self.session_id = None
         self.state_since = None
         self._backends = backends

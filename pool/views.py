@@ -8,12 +8,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .conf import get_config
 from .registry import get_registry
+from .states import UnitState
 
 
 def health_payload():
     """``{"status": "ok", "pool_size", "idle"}`` of this process's pool (built if need be)."""
     units = get_registry().snapshot()
-    return {"status": "ok", "pool_size": len(units), "idle": sum(u["state"] == "idle" for u in units)}
+    return {"status": "ok", "pool_size": len(units), "idle": sum(u["state"] == UnitState.IDLE for u in units)}
 
 
 def health(request):

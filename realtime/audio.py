@@ -16,14 +16,14 @@ import warnings
 import numpy as np
 import soxr
 
+from pool.backends import SPEECH_RATE, TTS_RATE
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     import audioop  # stdlib until 3.12, the audioop-lts package after
 
 PCM_RATE = 24_000  # Hz, audio/pcm on the wire
 G711_RATE = 8_000  # Hz, audio/pcmu and audio/pcma on the wire
-PIPELINE_RATE = 16_000  # Hz, VAD and STT input
-TTS_RATE = 24_000  # Hz, Kokoro output
 
 FORMAT_TYPES = ("audio/pcm", "audio/pcmu", "audio/pcma")
 
@@ -66,7 +66,7 @@ def _g711_encode(pcm16, fmt_type):
 
 
 class InputAudioDecoder:
-    """Wire audio of one session -> float32 mono at PIPELINE_RATE, resampled statefully.
+    """Wire audio of one session -> float32 mono at SPEECH_RATE, resampled statefully.
 
     ``decode(data)`` takes the raw (base64-decoded) bytes of one ``input_audio_buffer.append`` and
     returns float32 samples at 16 kHz. Raises AudioFormatError for bytes the format cannot hold.
@@ -74,7 +74,7 @@ class InputAudioDecoder:
 
     def __init__(self, fmt):
         self.format_type = fmt["type"]
-        self._resampler = soxr.ResampleStream(wire_rate(fmt), PIPELINE_RATE, 1, dtype="float32")
+        self._resampler = soxr.ResampleStream(wire_rate(fmt), SPEECH_RATE, 1, dtype="float32")
 
     def decode(self, data):
         if self.format_type != "audio/pcm":

@@ -26,6 +26,7 @@ from pool.conf import get_config
 from pool.ids import new_id
 from pool.recording import SessionRecording
 from pool.registry import get_registry, local_registry
+from pool.states import EndReason
 
 from .errors import ProtocolError
 from .events import parse_client_frame
@@ -56,7 +57,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
     session = None
     sender = None
     watchdog = None
-    end_reason = "client_close"
+    end_reason = EndReason.CLIENT_CLOSE
 
     async def connect(self):
         subprotocols = self.scope.get("subprotocols") or []
@@ -194,7 +195,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         """The client has left the server's writes unread for ``limit`` s: close, with an error
         it may still read, instead of holding its replies in memory."""
         log.warning("session %s: the client read nothing for %g s; closing", self.session.id, limit)
-        self.end_reason, self.close_code = "client_too_slow", CLOSE_POLICY_VIOLATION
+        self.end_reason, self.close_code = EndReason.CLIENT_TOO_SLOW, CLOSE_POLICY_VIOLATION
         error = ProtocolError("client_too_slow", f"The client read no server event for {limit:g} s.")
         await self.send(json.dumps({"type": "error", "event_id": new_id("event"), "error": error.to_error()}))
         await self.close(code=CLOSE_POLICY_VIOLATION)
@@ -232,12 +233,12 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             if max_seconds and now - self.started >= max_seconds:
                 self.session.send_error(ProtocolError(
                     "session_expired", f"Your session hit the maximum duration of {max_seconds:g} seconds."))
-                await self.end("session_expired", CLOSE_NORMAL)
+                await self.end(EndReason.SESSION_EXPIRED, CLOSE_NORMAL)
                 return
             if idle_timeout and now - self.last_client_event >= idle_timeout:
                 self.session.send_error(ProtocolError(
                     "idle_timeout", f"No client event for {idle_timeout:g} s; closing the session."))
-                await self.end("idle_timeout", CLOSE_NORMAL)
+                await self.end(EndReason.IDLE_TIMEOUT, CLOSE_NORMAL)
                 return
             deadlines = [self.started + max_seconds if max_seconds else None,
                          self.last_client_event + idle_timeout if idle_timeout else None]
@@ -279,7 +280,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self.unit = None
 
 
-async def close_all(reason="shutdown", code=CLOSE_GOING_AWAY):
+async def close_all(reason=EndReason.SHUTDOWN, code=CLOSE_GOING_AWAY):
     """Close every live session of this process (shutdown); returns how many were closed."""
     consumers = list(LIVE)
     await asyncio.gather(*(c.end(reason, code) for c in consumers), return_exceptions=True)

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from pool.backends.scripted import SCRIPT
 from pool.models import ServerProcess, Session, Unit
+from pool.states import EndReason, ProcessState, SessionState, UnitState
 from pool.records import Records
 from realtime.consumers import LIVE
 
@@ -88,10 +89,10 @@ async def test_wedged_unit_quarantined_then_released_by_an_operator_restores_cap
 
     assert recorded_pool.records.flush()
     row = await Session.objects.aget(session_id=session_id)
-    assert row.state == Session.QUARANTINED and row.quarantined_at and row.end_reason == "client_close"
+    assert row.state == SessionState.QUARANTINED and row.quarantined_at and row.end_reason == "client_close"
     assert row.release_after is not None and row.drained_at is None
     unit_row = await Unit.objects.aget(process_id=recorded_pool.records.process_id, index=0)
-    assert unit_row.state == Unit.QUARANTINED
+    assert unit_row.state == UnitState.QUARANTINED
 
     await asyncio.to_thread(staff, "watcher")
     await asyncio.to_thread(staff, "operator", True)
@@ -107,7 +108,7 @@ async def test_wedged_unit_quarantined_then_released_by_an_operator_restores_cap
 
     assert recorded_pool.records.flush()
     row = await Session.objects.select_related("released_by").aget(session_id=session_id)
-    assert row.state == Session.RELEASED and row.released_by.username == "operator" and row.released_at
+    assert row.state == SessionState.RELEASED and row.released_by.username == "operator" and row.released_at
     # The old wedged thread is abandoned; the fresh unit completes a turn.
     SCRIPT.wedge.clear()
     client = await connect()
@@ -129,7 +130,7 @@ async def test_session_row_records_the_life_of_a_session(recorded_pool, connect)
     await wait_for(lambda: unit_state(recorded_pool) == "idle")
     assert recorded_pool.records.flush()
     row = await Session.objects.aget(session_id=session_id)
-    assert row.state == Session.ENDED
+    assert row.state == SessionState.ENDED
     assert row.created_at <= row.ended_at <= row.drained_at < row.release_after
     assert (row.responses, row.errors, row.turns) == (1, 1, 0)
     assert row.audio_out_seconds > 0
@@ -221,7 +222,7 @@ async def test_300_sessions_leave_no_threads_fds_or_stray_rows(recorded_pool, co
     assert _fds() <= fds + 2
     process = recorded_pool.records.process_id
     assert await Session.objects.filter(process_id=process).acount() == 301
-    assert await Session.objects.filter(process_id=process).exclude(state=Session.ENDED).acount() == 0
+    assert await Session.objects.filter(process_id=process).exclude(state=SessionState.ENDED).acount() == 0
     assert await Unit.objects.filter(process_id=process).acount() == 1
 
 
@@ -272,7 +273,7 @@ def test_admin_pages_render_with_units_in_every_state(admin_client):
     assert all(f"unit {i}" in overview and f"sess_{i}" in overview for i in range(4))
     assert "for 42 s" in overview and "input lag 30 ms" in overview
     assert overview.count('value="Release"') == 1  # on the quarantined unit only
-    ServerProcess.objects.update(state=ServerProcess.STOPPED)
+    ServerProcess.objects.update(state=ProcessState.STOPPED)
     assert "No running process" in admin_client.get("/admin/pool/serverprocess/overview/").content.decode()
 
 
@@ -296,11 +297,11 @@ def test_processes_that_stopped_heart_beating_are_lost_with_their_sessions():
     try:
         crashed.refresh_from_db()
         row = Session.objects.get(session_id="sess_open")
-        assert crashed.state == ServerProcess.LOST
-        assert (row.state, row.end_reason) == (Session.LOST, Session.LOST) and row.ended_at
+        assert crashed.state == ProcessState.LOST
+        assert (row.state, row.end_reason) == (SessionState.LOST, EndReason.LOST) and row.ended_at
     finally:
         records.stop()
-    assert ServerProcess.objects.get(pk=records.process_id).state == ServerProcess.STOPPED
+    assert ServerProcess.objects.get(pk=records.process_id).state == ProcessState.STOPPED
 
 
 @pytest.mark.django_db(transaction=True)

@@ -18,6 +18,9 @@ from django.utils.module_loading import import_string
 
 log = logging.getLogger(__name__)
 
+SPEECH_RATE = 16_000  # Hz: what the VAD, the STT and the end-of-turn model take (mono float32)
+TTS_RATE = 24_000  # Hz: what the TTS returns (mono float32)
+
 
 class VADStream(Protocol):
     """One session's VAD state (Silero keeps a recurrent state between windows)."""

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from . import Backends
+from . import TTS_RATE, Backends
 from .tts import OPENAI_VOICES, resolve_voice
 from .vad import SileroVAD
 
@@ -98,7 +98,7 @@ class ScriptedTTS:
         if SCRIPT.tts_error is not None:
             raise SCRIPT.tts_error
         seconds = len(text) * SCRIPT.seconds_per_char / speed
-        t = np.arange(int(seconds * 24_000)) / 24_000
+        t = np.arange(int(seconds * TTS_RATE)) / TTS_RATE
         return (0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
 
 

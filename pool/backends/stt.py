@@ -16,7 +16,7 @@ from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 from faster_whisper.transcribe import get_suppressed_tokens
 
-from .vad import SAMPLE_RATE  # Hz: Whisper takes the VAD's 16 kHz audio as it is
+from . import SPEECH_RATE  # Whisper takes the VAD's 16 kHz audio as it is
 FRAMES_PER_SECOND = 100  # Whisper's log-mel hop is 10 ms
 FULL_WINDOW_FRAMES = 3000  # Whisper's 30 s window
 # A window within about 1 s of the audio makes Whisper repeat itself; 4 s of margin and a 10 s
@@ -53,7 +53,7 @@ class WhisperSTT:
     def transcribe(self, audio, language=None, prompt=None):
         """Transcript of ``audio`` (float32 mono, 16 kHz). ``language``: ISO code or None;
         ``prompt``: Whisper's initial prompt (text it expects, spelled as it should write it)."""
-        if len(audio) / SAMPLE_RATE > SHORT_WINDOW_MAX_SECONDS:
+        if len(audio) / SPEECH_RATE > SHORT_WINDOW_MAX_SECONDS:
             return self._transcribe_30s(audio, language, prompt)
         return self._transcribe_short(audio, language, prompt)
 
@@ -66,7 +66,7 @@ class WhisperSTT:
         return self._tokenizers[key]
 
     def _transcribe_short(self, audio, language, prompt):
-        seconds = len(audio) / SAMPLE_RATE
+        seconds = len(audio) / SPEECH_RATE
         frames = encoder_frames(seconds)
         features = self.model.feature_extractor(audio)[:, :frames]
         features = np.pad(features, ((0, 0), (0, frames - features.shape[1])))

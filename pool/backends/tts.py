@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 
+from . import TTS_RATE
 from .onnx import cpu_session
 
 # OpenAI voice names -> Kokoro v1.0 voices shipped in pool/data/voices. A client that asks for any
@@ -34,7 +35,6 @@ def voice_language(name):
     if re.fullmatch(r"[a-z][fm]_[a-z]+", str(name)):
         return KOKORO_LANGUAGES.get(name[0])
     return None
-SAMPLE_RATE = 24_000
 
 
 def resolve_voice(name, available):

@@ -13,11 +13,11 @@ import threading
 
 import numpy as np
 
+from . import SPEECH_RATE
 from .onnx import cpu_session
 
-SAMPLE_RATE = 16_000
 WINDOW_SECONDS = 8  # the model's input: the last 8 s of the turn
-WINDOW_SAMPLES = WINDOW_SECONDS * SAMPLE_RATE
+WINDOW_SAMPLES = WINDOW_SECONDS * SPEECH_RATE
 COMPLETE = 0.5  # probability above which the turn is finished (pipecat's threshold)
 
 
@@ -41,7 +41,7 @@ class SmartTurn:
         audio = np.asarray(audio, dtype=np.float32)[-WINDOW_SAMPLES:]
         audio = np.pad(audio, (WINDOW_SAMPLES - len(audio), 0))
         with self._lock:
-            features = self._features(audio, sampling_rate=SAMPLE_RATE, return_tensors="np",
+            features = self._features(audio, sampling_rate=SPEECH_RATE, return_tensors="np",
                                       do_normalize=True).input_features
         out = self._session.run(None, {"input_features": features.astype(np.float32)})[0]
         return float(out.reshape(-1)[0])

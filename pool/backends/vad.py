@@ -9,11 +9,11 @@ context, exactly as ``silero_vad.utils_vad.OnnxWrapper.__call__`` does.
 
 import numpy as np
 
+from . import SPEECH_RATE
 from .onnx import cpu_session
 
 WINDOW_SAMPLES = 512  # samples at 16 kHz per call (32 ms), fixed by the model
 CONTEXT_SAMPLES = 64  # samples of the previous window prepended to each call, as in OnnxWrapper
-SAMPLE_RATE = 16_000
 
 
 class SileroVAD:
@@ -31,7 +31,7 @@ class SileroStream:
 
     def __init__(self, session):
         self._session = session
-        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+        self._sr = np.array(SPEECH_RATE, dtype=np.int64)
         self.reset()
 
     def reset(self):

@@ -1,0 +1,47 @@
+"""Every state of a unit, a session and a server process, and why a session ended: one
+spelling each.
+
+Django ``TextChoices``: the models' fields take their ``choices``, and the in-process pool
+(``pool.unit``, ``pool.registry``), the admin and the Prometheus gauges use the same members.
+A member is a ``str`` equal to its value, so it is stored, compared and sent as that string.
+"""
+
+from django.db import models
+
+
+class UnitState(models.TextChoices):
+    """A ``PipelineUnit``: idle -> active -> draining -> idle, or draining -> quarantined."""
+
+    IDLE = "idle", "idle"
+    ACTIVE = "active", "active"
+    DRAINING = "draining", "draining"
+    QUARANTINED = "quarantined", "quarantined"
+
+
+class SessionState(models.TextChoices):
+    """A session's row: as its unit went, or lost with its process."""
+
+    ACTIVE = "active", "active"
+    DRAINING = "draining", "draining"
+    ENDED = "ended", "ended"
+    QUARANTINED = "quarantined", "quarantined"
+    RELEASED = "released", "released"
+    LOST = "lost", "lost"
+
+
+class ProcessState(models.TextChoices):
+    RUNNING = "running", "running"
+    STOPPED = "stopped", "stopped"
+    LOST = "lost", "lost"
+
+
+class EndReason(models.TextChoices):
+    """Why a session ended (``realtime.consumers`` decides, the recorder writes it)."""
+
+    CLIENT_CLOSE = "client_close", "client close"
+    IDLE_TIMEOUT = "idle_timeout", "idle timeout"
+    SESSION_EXPIRED = "session_expired", "session expired"
+    CLIENT_TOO_SLOW = "client_too_slow", "client too slow"
+    SHUTDOWN = "shutdown", "shutdown"
+    ERROR = "error", "error"
+    LOST = "lost", "lost"
