@@ -152,8 +152,14 @@ class PoolRegistry:
                     for u in self.units]
 
     def shutdown(self):
-        """Stop every unit's threads and the recorder (after it wrote what is queued)."""
+        """Stop every unit's threads and the recorder (after it wrote what is queued). Drains
+        still under way end here: their deadlines are cancelled, so a stopped pool quarantines
+        nothing later (and records nothing for a process that has stopped)."""
         self.accepting = False
+        with self._lock:
+            for _ctx, timer in self._drains.values():
+                timer.cancel()
+            self._drains.clear()
         for unit in self.units:
             unit.stop()
         self.records.stop()

@@ -19,7 +19,9 @@ from django.utils import timezone
 from pool.backends.scripted import SCRIPT
 from pool.models import ServerProcess, Session, Unit
 from pool.states import EndReason, ProcessState, SessionState, UnitState
+from pool.conf import get_config
 from pool.records import Records
+from pool.registry import build_registry
 from realtime.consumers import LIVE
 
 from .helpers import user_text
@@ -332,6 +334,22 @@ def test_a_read_only_database_is_logged_once_and_caught_up_when_writable(caplog)
     refused = [r.getMessage() for r in caplog.records if "refused a write" in r.getMessage()]
     assert len(refused) == 1 and "readonly" in refused[0]
     assert sum("the database is back" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_pool_shut_down_during_a_drain_quarantines_nothing_afterwards(settings, caplog):
+    """A drain's deadline outlived its pool: 2 s after a test's pool was shut down mid-drain, it
+    quarantined that pool's unit while the next test ran (and its timer thread was counted)."""
+    settings.S2S = {"BACKEND": "scripted", "POOL_SIZE": 1, "RELEASE_AFTER_SECONDS": 0.3}
+    registry = build_registry(get_config(), record=False)
+    unit = registry.claim("sess_drain")
+    unit.begin(lambda event: None)
+    unit.stop()  # its stages are gone: the drain cannot end
+    registry.release(unit)
+    registry.shutdown()
+    time.sleep(0.6)
+    assert unit.state == UnitState.DRAINING
+    assert "did not drain" not in caplog.text
+    assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()]
 
 
 @pytest.mark.django_db(transaction=True)
