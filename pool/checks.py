@@ -56,6 +56,9 @@ def check_settings(app_configs, **kwargs):
         if isinstance(entries, (list, tuple)) and not all(isinstance(e, str) for e in entries):
             problems.append(Error(f"S2S[{key!r}] must hold strings; got {entries!r}.", id="pool.E005"))
     problems += _check_proxies(user)
+    if user.get("HISTORY_ON_USER_DELETE", "anonymise") not in ("anonymise", "delete"):
+        problems.append(Error("S2S['HISTORY_ON_USER_DELETE'] must be 'anonymise' or 'delete'; got "
+                              f"{user['HISTORY_ON_USER_DELETE']!r}.", id="pool.E005"))
     if isinstance(user.get("BACKEND"), str):
         try:
             backend_loader(user["BACKEND"])

@@ -114,6 +114,9 @@ DEFAULTS = {
     # `manage.py prune_sessions` deletes finished sessions older than this, with their history
     # (days; None: keep them).
     "HISTORY_RETENTION_DAYS": 30,
+    # When a user is deleted, the sessions of their API keys are "anonymise"d (their words and
+    # recordings removed; times, counts and timings kept) or "delete"d (pool/signals.py).
+    "HISTORY_ON_USER_DELETE": "anonymise",
     # Record each session's audio (the user's and the assistant's, FLAC through Django's
     # default_storage)? An API key's own "record audio" choice wins over this.
     "RECORD_AUDIO": False,

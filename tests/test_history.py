@@ -229,3 +229,42 @@ def test_prune_sessions_deletes_old_finished_sessions_with_their_history_and_rec
     call_command("prune_sessions", stdout=StringIO())
     assert set(Session.objects.values_list("session_id", flat=True)) == {"old_but_open"}
     assert not list(tmp_path.rglob("*.flac"))  # a session's recording goes with it
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("rule", ["anonymise", "delete"])
+def test_deleting_a_user_takes_the_content_of_their_sessions_with_them(settings, tmp_path, rule):
+    settings.MEDIA_ROOT = str(tmp_path)
+    settings.S2S = {"HISTORY_ON_USER_DELETE": rule}
+    owner, other = User.objects.create_user("owner"), User.objects.create_user("other")
+
+    def session(name, user):
+        api_key, _ = APIKey.issue(f"key of {name}", user=user)
+        row = Session.objects.create(session_id=name, unit_index=0, created_at=timezone.now(), api_key=api_key,
+                                     turns=3, user_audio=default_storage.save(f"{name}.flac", ContentFile(b"fLaC")))
+        ConversationItem.objects.create(session=row, item_id=f"item_{name}", kind="message", role="user",
+                                        text="my secret", at_ms=0, data={"content": [{"transcript": "my secret"}]})
+
+    session("theirs", owner)
+    session("someone_elses", other)
+    owner.delete()
+    kept = Session.objects.get(session_id="someone_elses")
+    assert kept.user_audio and kept.items.get().text == "my secret"
+    assert [p.name for p in tmp_path.rglob("*.flac")] == ["someone_elses.flac"]
+    if rule == "delete":
+        assert not Session.objects.filter(session_id="theirs").exists()
+    else:
+        row = Session.objects.get(session_id="theirs")
+        assert row.turns == 3 and not row.user_audio and row.api_key is None
+        assert (row.items.get().text, row.items.get().data) == ("", {})
+
+
+@pytest.mark.django_db
+def test_staff_without_the_view_permission_see_no_session_page_and_no_export():
+    row = Session.objects.create(session_id="sess_private", unit_index=0, created_at=timezone.now())
+    User.objects.create_user("unit_watcher", password="pw", is_staff=True).user_permissions.add(
+        Permission.objects.get(codename="view_unit"))
+    browser = HttpClient()
+    assert browser.login(username="unit_watcher", password="pw")
+    for url in (f"/admin/pool/session/{row.pk}/change/", f"/admin/pool/session/{row.pk}/export/"):
+        assert browser.get(url).status_code == 403, url
