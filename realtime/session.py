@@ -70,8 +70,8 @@ class RealtimeSession:
                                 defaults.get("backchannel_words", ()), defaults.get("backchannel_prompt"))
         self.response = None  # the active Response
         # The session row's counters (pool.models.Session), reported when the session ends.
-        self.stats = {"turns": 0, "responses": 0, "completed_responses": 0, "cancelled_responses": 0, "errors": 0,
-                      "stage_failures": 0, "audio_in_seconds": 0.0, "audio_out_seconds": 0.0,
+        self.stats = {"turns": 0, "responses": 0, "completed_responses": 0, "cancelled_responses": 0,
+                      "errors": 0, "stage_failures": 0, "audio_in_seconds": 0.0, "audio_out_seconds": 0.0,
                       "last_error": ""}
         self._turn_marks = Marks()  # of the latest voice turn (pool.timings)
         self.history = SessionHistory(session_id, recorder, defaults.get("history_max_items", 2000))
@@ -270,17 +270,17 @@ class RealtimeSession:
                                                   self.config["truncation"], self._context_chars)
         request = LLMRequest(messages, params["max_tokens"], params["tools"], params["tool_choice"])
         audio_out = self.config["audio"]["output"]
-        # The marks of the voice turn it answers travel with it (the next turn may start); a
-        # later response (a client's response.create after text) answers no voice turn.
-        marks, self._turn_marks = self._turn_marks, Marks()
-        marks.reach("response_created")
+        # The marks of the voice turn it answers travel with it (the next turn may start).
         job = m.ResponseJob(response_id, request, params["modality"], audio_out["voice"],
-                            audio_out["speed"], OutputAudioEncoder(audio_out["format"]), marks=marks)
+                            audio_out["speed"], OutputAudioEncoder(audio_out["format"]),
+                            marks=self._turn_marks)
         response = Response(response_id, job, params["conversation"], params["metadata"],
                             params["modality"], automatic)
         if not self._port.submit(job):
             raise ProtocolError("server_busy", "The unit cannot take another response now.",
                                 type="server_error", event_id=event_id)
+        job.marks.reach("response_created")
+        self._turn_marks = Marks()  # taken: a later response (after text) answers no voice turn
         self.response = response
         self.history.opened(response_id)
         self.stats["responses"] += 1
