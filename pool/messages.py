@@ -245,13 +245,15 @@ class ResponseText:
 
 @dataclass
 class ResponseAudio:
-    """One spoken phrase: its transcript delta and its audio as base64 wire-format chunks."""
+    """One spoken phrase: its transcript delta and its audio as base64 wire-format chunks;
+    ``samples``: the same audio as the TTS made it (float32, 24 kHz), for a recording."""
 
     response_id: str
     transcript: str
     chunks: list
     audio_ms: float
     tts_seconds: float
+    samples: object = None
 
 
 @dataclass

@@ -130,7 +130,8 @@ class Session(models.Model):
     errors = models.PositiveIntegerField(default=0)
     stage_failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True)
-    api_key = models.ForeignKey(APIKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
+    api_key = models.ForeignKey(APIKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions",
+                                verbose_name="API key")
     client_address = models.GenericIPAddressField(null=True, blank=True)
     completed_responses = models.PositiveIntegerField(default=0)
     first_audio_p50_ms = models.FloatField(

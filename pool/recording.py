@@ -1,17 +1,20 @@
 """Opt-in session recordings: the user's audio and the assistant's, as two FLAC files.
 
 While a session runs, its unit's VAD thread appends the user's audio (as the VAD hears it: mono,
-16 kHz) and its TTS thread the assistant's (each phrase as it is sent: mono, 24 kHz) to two
-temporary files of PCM16. One writer a side, so no lock, and nothing grows in memory. When the
-session's drain has passed every stage (no stage writes any more), ``save`` encodes both with
+16 kHz) to a temporary PCM16 file. The assistant's side is what the session sent the client:
+the session (on the event loop) hands over each phrase it forwards (``sent``: a deque append,
+nothing more), and the TTS thread writes those phrases to a second file before it speaks the
+next (``write_sent``). Audio the session did not forward (a cancelled reply's last phrase) is
+not in it. One writer a file, so no lock, and at most a reply's phrases wait in memory. When the
+session's drain has passed every stage, ``save`` writes what is left, encodes both files with
 soundfile (libsndfile) as FLAC on a thread of its own and stores them through Django's
 ``default_storage`` (the file system, S3 or any storage backend), then removes the temporary files.
 
-The assistant file is the replies one after another, as sent (a reply the user interrupted holds
-what was sent before the cancel; the session history says where it was cut). Where each turn and
-reply starts in the session is in the history (``ConversationItem.at_ms``).
+The assistant file is the replies one after another, as sent (the session history says where
+each began and where one was cut: ``ConversationItem.at_ms``).
 """
 
+import collections
 import logging
 import tempfile
 import threading
@@ -34,18 +37,26 @@ BLOCK_SAMPLES = 1 << 20  # samples encoded at a time
 
 class SessionRecording:
     """The recording of session ``session_id`` while it runs. ``user(samples)`` and
-    ``assistant(samples)`` take float32 arrays in [-1, 1] at ``RATES[side]``."""
+    ``sent(samples)`` take float32 arrays in [-1, 1] at ``RATES[side]``."""
 
     def __init__(self, session_id):
         self.session_id = session_id
         self._raw = {side: tempfile.TemporaryFile(prefix="s2s-recording-") for side in RATES}
         self.samples = dict.fromkeys(RATES, 0)
+        self._sent = collections.deque()  # assistant phrases forwarded, not yet written
 
     def user(self, samples):
+        """The VAD thread: client audio as decoded (16 kHz)."""
         self._write("user", samples)
 
-    def assistant(self, samples):
-        self._write("assistant", samples)
+    def sent(self, samples):
+        """The event loop: a phrase of the assistant forwarded to the client (24 kHz)."""
+        self._sent.append(samples)
+
+    def write_sent(self):
+        """The TTS thread: write the phrases forwarded so far."""
+        while self._sent:
+            self._write("assistant", self._sent.popleft())
 
     def _write(self, side, samples):
         self._raw[side].write((np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes())
@@ -65,6 +76,7 @@ class SessionRecording:
     def _save(self, on_saved):
         names = {}
         try:
+            self.write_sent()
             day = timezone.now().strftime("%Y/%m/%d")
             for side, raw in self._raw.items():
                 if self.samples[side]:

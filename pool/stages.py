@@ -508,14 +508,15 @@ class TTSStage(Stage):
             job.marks.tts_first_phrase_audio_s = len(samples) / TTS_RATE
         job.audio_seconds += len(samples) / TTS_RATE
         if ctx.recording is not None:
-            ctx.recording.assistant(samples)
-        self._send(ctx, job, text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE, seconds)
+            ctx.recording.write_sent()  # what the session forwarded of the earlier phrases
+        self._send(ctx, job, text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE, seconds,
+                   samples if ctx.recording is not None else None)
         return True
 
     @staticmethod
-    def _send(ctx, job, transcript, wire, audio_ms, tts_seconds):
+    def _send(ctx, job, transcript, wire, audio_ms, tts_seconds, samples=None):
         if not wire and not transcript:
             return
         step = job.encoder.bytes_per_second * DELTA_MS // 1000
         chunks = [base64.b64encode(wire[i:i + step]).decode("ascii") for i in range(0, len(wire), step)]
-        ctx.emit(m.ResponseAudio(job.response_id, transcript, chunks, audio_ms, tts_seconds))
+        ctx.emit(m.ResponseAudio(job.response_id, transcript, chunks, audio_ms, tts_seconds, samples))

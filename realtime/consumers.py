@@ -115,10 +115,10 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         }
         self.flow = WriteFlow(self.base_send)
         self.sender = asyncio.create_task(self._send_loop())
-        self.ctx = self.unit.begin(self._from_pipeline,
-                                   SessionRecording(session_id) if self._records_audio(config) else None)
+        recording = SessionRecording(session_id) if self._records_audio(config) else None
+        self.ctx = self.unit.begin(self._from_pipeline, recording)
         self.session = RealtimeSession(session_id, self.unit, self.outbox.put_nowait, defaults,
-                                       self.registry.records)
+                                       self.registry.records, recording)
         self.session.start()
         self.started = self.last_client_event = time.monotonic()
         if config["IDLE_TIMEOUT_SECONDS"] or config["MAX_SESSION_SECONDS"]:

@@ -53,10 +53,11 @@ class RealtimeSession:
     optionally ``"context_chars"`` (the LLM context budget, characters), ``"turn_detection"``
     ("server_vad" or "semantic_vad"), ``"interrupt_min_speech_ms"``, ``"backchannel_words"``,
     ``"backchannel_prompt"`` and ``"history_max_items"`` (see ``pool.conf``); ``recorder``: where
-    its history goes (``pool.records.Records``; the default keeps nothing).
+    its history goes (``pool.records.Records``; the default keeps nothing); ``recording``: a
+    ``pool.recording.SessionRecording`` that gets the assistant audio sent, or None.
     """
 
-    def __init__(self, session_id, port, send, defaults, recorder=NoRecords()):
+    def __init__(self, session_id, port, send, defaults, recorder=NoRecords(), recording=None):
         self.id = session_id
         self._port = port
         self._send_raw = send
@@ -75,6 +76,7 @@ class RealtimeSession:
                       "last_error": ""}
         self._turn_marks = Marks()  # of the latest voice turn (pool.timings)
         self.history = SessionHistory(session_id, recorder, defaults.get("history_max_items", 2000))
+        self._recording = recording
         self._input_format = None
         self._configure_input()
 
@@ -450,6 +452,8 @@ class RealtimeSession:
             self.send("response.output_audio_transcript.delta", delta=event.transcript, **where)
         for chunk in event.chunks:
             self.send("response.output_audio.delta", delta=chunk, **where)
+        if self._recording is not None and event.samples is not None:
+            self._recording.sent(event.samples)
         response.audio_ms += event.audio_ms
         self.turns.audio_sent(event.audio_ms)
         self.stats["audio_out_seconds"] += event.audio_ms / 1000

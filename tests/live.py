@@ -32,7 +32,8 @@ class LiveServer:
         self.base_url = f"ws://127.0.0.1:{self.port}{prefix}/v1"
         self.db = folder / "db.sqlite3"
         self.log = folder / "server.log"
-        env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), **(env or {})}
+        self.media = folder / "media"  # recordings (RECORD_AUDIO)
+        env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), "DJANGO_MEDIA_ROOT": str(self.media), **(env or {})}
         self.env = env
         if migrate:
             self.manage("migrate", "--noinput", "-v0")

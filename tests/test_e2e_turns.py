@@ -17,7 +17,7 @@ from realtime.client import CHUNK_MS, pcm16_chunks, talk
 
 from .helpers import JFK, JFK_WORDS, check_turns_answered, normalise
 from .live import ROOT
-from .test_e2e import _wait_idle
+from .test_e2e import _wait_idle, stt  # noqa: F401 - stt is a fixture
 
 
 
@@ -74,6 +74,50 @@ async def test_the_session_history_holds_what_was_said_and_each_reply_with_its_t
     first_audio = [sent for status, _, transcribed, sent in responses if status == "completed"]
     assert completed == len(first_audio) >= 1 and cancelled == len(responses) - completed
     assert all(0 < ms < 30_000 for ms in first_audio) and p50 == statistics.median(first_audio)
+
+
+@pytest.mark.chromium
+async def test_a_key_that_records_gets_both_sides_of_its_session_as_flac(server, stt):
+    """A key issued with ``--record-audio yes`` on the live server (RECORD_AUDIO is off): its
+    session's user side is jfk.flac as the server heard it, its assistant side the replies sent.
+    Then the session's admin page in headless Chromium: timeline, latency table, players."""
+    key = server.manage("apikey", "create", "recorder", "--record-audio", "yes").strip()
+    result, events = await converse(server, session={"type": "realtime"}, api_key=key)
+    session_id = next(e["session"]["id"] for e in events if e["type"] == "session.created")
+    query = (f"select user_audio, assistant_audio, audio_in_seconds, audio_out_seconds from pool_session "
+             f"where session_id = '{session_id}' and user_audio != '' and assistant_audio != ''")
+    for _ in range(100):
+        if server.query(query):
+            break
+        await asyncio.sleep(0.1)
+    [(user_name, assistant_name, audio_in, audio_out)] = server.query(query)
+    user, rate = soundfile.read(server.media / user_name, dtype="float32")
+    assert rate == 16_000 and abs(len(user) / rate - audio_in) < 0.05
+    assert JFK_WORDS in normalise(stt.transcribe(user))
+    assistant, rate = soundfile.read(server.media / assistant_name, dtype="float32")
+    assert rate == 24_000 and abs(len(assistant) / rate - audio_out) < 0.05
+    assert result.status == "completed"
+    page = await asyncio.to_thread(_session_page_in_chromium, server, session_id)
+    said = server.query(f"select text from pool_conversationitem where session_id = '{session_id}' and role = 'user'")
+    assert said and all(text in page["text"] for (text,) in said) and "FIRST AUDIO SENT" in page["text"].upper()
+    assert abs(page["durations"][0] - audio_in) < 0.1 and abs(page["durations"][1] - audio_out) < 0.1
+
+
+def _session_page_in_chromium(server, session_id):
+    """The admin's page of ``session_id``: its text, and the duration (s) each audio player
+    loaded. A screenshot goes to artifacts/admin-session.png."""
+    from .browser import admin_login, browser, screenshot_path
+
+    [(pk,)] = server.query(f"select id from pool_session where session_id = '{session_id}'")
+    path = f"/admin/pool/session/{pk}/change/"
+    with browser() as chromium:
+        page = chromium.new_page(viewport={"width": 1400, "height": 900})
+        admin_login(page, server, path)
+        durations = page.eval_on_selector_all("audio", """players => Promise.all(players.map(a =>
+            new Promise(done => { a.onloadedmetadata = () => done(a.duration); a.onerror = () => done(-1);
+                                  a.preload = "metadata"; a.load(); })))""")
+        page.screenshot(path=str(screenshot_path("admin-session.png")), full_page=True)
+        return {"text": page.inner_text("#content"), "durations": durations}
 
 
 async def test_jfk_in_one_append_is_answered_once_all_of_it_is_heard(server):

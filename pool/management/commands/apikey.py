@@ -16,6 +16,8 @@ class Command(BaseCommand):
         create.add_argument("name")
         create.add_argument("--user", help="username the key belongs to")
         create.add_argument("--max-sessions", type=int, help="concurrent sessions allowed (default: no limit)")
+        create.add_argument("--record-audio", choices=["yes", "no"],
+                            help="record this key's sessions (default: as the RECORD_AUDIO setting says)")
         revoke = actions.add_parser("revoke", help="revoke a key by its prefix (as `list` shows it)")
         revoke.add_argument("prefix")
         actions.add_parser("list", help="list keys")
@@ -23,7 +25,7 @@ class Command(BaseCommand):
     def handle(self, *args, action, **options):
         getattr(self, f"_{action}")(**options)
 
-    def _create(self, name, user=None, max_sessions=None, **_):
+    def _create(self, name, user=None, max_sessions=None, record_audio=None, **_):
         owner = None
         if user:
             try:
@@ -32,7 +34,8 @@ class Command(BaseCommand):
                 raise CommandError(f"No user {user!r}.") from None
         if max_sessions is not None and max_sessions < 1:
             raise CommandError("--max-sessions must be at least 1.")
-        api_key, key = APIKey.issue(name, user=owner, max_sessions=max_sessions)
+        api_key, key = APIKey.issue(name, user=owner, max_sessions=max_sessions,
+                                    record_audio=None if record_audio is None else record_audio == "yes")
         self.stdout.write(key)
         self.stderr.write(f"Key {api_key.prefix}... issued to {name!r}; it is shown only now.")
 
