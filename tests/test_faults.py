@@ -259,3 +259,29 @@ def test_clients_that_misbehave_at_random_leave_fds_and_memory_flat():
     assert rounds[-1][1] - rounds[1][1] < 12, rounds  # MiB over the last 80 sessions
     reasons = result["end_reasons"]
     assert reasons.get("client_too_slow", 0) > 0 and sum(reasons.values()) > 100, reasons
+
+
+def test_memory_levels_off_over_a_call_of_200_turns():
+    """One session of 200 turns through the whole pipeline (real Silero VAD and Smart Turn,
+    scripted STT, LLM and TTS; each turn a user message, a spoken reply, its audio read): after
+    the first 100 turns, resident memory grows by less than 5 MB over the next 100 (a slope, not
+    a time; bench/soak.py has the real models' 60-minute figure)."""
+    server = misbehave.start(pool_size=1)
+
+    async def call():
+        rss = []
+        ws, _ = await _session(server)
+        for turn in range(200):
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"Turn {turn}."}]}}))
+            assert await _answered(ws)
+            if turn % 20 == 19:
+                rss.append(misbehave.fds_and_rss(server.process.pid)[1])
+        await ws.close()
+        return rss
+
+    try:
+        rss = asyncio.run(call())
+    finally:
+        assert server.stop() == 0
+    assert rss[-1] - rss[4] < 5, rss  # MiB from turn 100 to turn 200
