@@ -38,8 +38,23 @@ class SessionContext:
 
 # --- into the unit -----------------------------------------------------------------------------
 
+class UnitInput:
+    """Work the protocol submits to a unit; ``inbox``: the stage that takes it first."""
+
+    inbox = "vad"  # the VAD stage owns the input audio buffer
+
+
+class StageWork:
+    """Work one stage hands the next, inside a unit."""
+
+
+class UnitEvent:
+    """What a unit's stages emit to the session (``SessionContext.emit``), handled on the event
+    loop by ``RealtimeSession._on_<name>``."""
+
+
 @dataclass
-class ConfigureInput:
+class ConfigureInput(UnitInput):
     """Input settings. ``decoder``: has ``decode(bytes) -> float32 @ 16 kHz``; ``turn_detection``:
     None for manual turns, else a dict: ``threshold`` (speech probability), ``prefix_padding_ms``,
     ``silence_ms`` (the silence that always ends a turn) and ``check_ms`` (None, or the pause
@@ -51,24 +66,24 @@ class ConfigureInput:
 
 
 @dataclass
-class AppendInput:
+class AppendInput(UnitInput):
     audio_b64: str
     event_id: str | None = None
     received_at: float = field(default_factory=time.monotonic)  # for the input lag measure
 
 
 @dataclass
-class CommitInput:
+class CommitInput(UnitInput):
     event_id: str | None = None
 
 
 @dataclass
-class ClearInput:
+class ClearInput(UnitInput):
     event_id: str | None = None
 
 
 @dataclass
-class PeekInput:
+class PeekInput(UnitInput):
     """Transcribe the speech of ``item_id`` so far once it holds ``after_ms`` of voiced speech
     (the protocol asks, to tell a backchannel from an interruption), with ``prompt`` as the
     STT's initial prompt. Always answered by exactly one SpeechPeeked: with the transcript, or
@@ -80,12 +95,14 @@ class PeekInput:
 
 
 @dataclass
-class ResponseJob:
+class ResponseJob(UnitInput):
     """One response: the LLM request, then speech (``modality`` "audio") or text only ("text").
 
     ``encoder``: has ``encode(float32 @ 24 kHz, last=False) -> wire bytes``. ``cancelled`` is
     set by the protocol to stop generation and speech at the next token or phrase.
     """
+
+    inbox = "llm"
 
     response_id: str
     request: object
@@ -122,7 +139,7 @@ class ResponseJob:
 
 
 @dataclass
-class Transcribe:
+class Transcribe(StageWork):
     """VAD -> STT: a committed item. ``speculated_samples``: the length of the item's audio when
     it was speculatively transcribed, if nothing but silence came after (the transcript of that
     speculation is the item's); else None."""
@@ -134,7 +151,7 @@ class Transcribe:
 
 
 @dataclass
-class Speculate:
+class Speculate(StageWork):
     """VAD -> STT: the speech of an item at the first pause; transcribed ahead of a commit that
     may follow. Nothing is sent to the protocol unless the commit comes with no speech between."""
 
@@ -144,7 +161,7 @@ class Speculate:
 
 
 @dataclass
-class Peek:
+class Peek(StageWork):
     """VAD -> STT: the speech of an item still in progress."""
 
     item_id: str
@@ -155,13 +172,13 @@ class Peek:
 
 
 @dataclass
-class Phrase:
+class Phrase(StageWork):
     job: ResponseJob
     text: str  # exactly as the LLM wrote it (leading space kept), the transcript delta
 
 
 @dataclass
-class FunctionCall:
+class FunctionCall(StageWork):
     """The LLM asks the client to run a function (LLM -> TTS, to keep output order)."""
 
     job: ResponseJob
@@ -171,50 +188,59 @@ class FunctionCall:
 
 
 @dataclass
-class JobEnd:
+class JobEnd(StageWork):
     job: ResponseJob
     usage: dict
     error: str | None = None
 
 
-SESSION_END = object()  # travels VAD -> STT -> LLM -> TTS; at the end, the unit is drained
+class SessionEnd(StageWork):
+    """The end of a session's work: travels VAD -> STT -> LLM -> TTS behind everything queued
+    for it; when it has passed the last stage, the unit is drained."""
+
+
+SESSION_END = SessionEnd()
 
 
 # --- out of the unit ---------------------------------------------------------------------------
 
 @dataclass
-class SpeechStarted:
+class SpeechStarted(UnitEvent):
     item_id: str
     audio_start_ms: int
 
 
 @dataclass
-class SpeechStopped:
+class SpeechStopped(UnitEvent):
     item_id: str
     audio_end_ms: int
 
 
 @dataclass
-class InputCommitted:
+class InputCommitted(UnitEvent):
     item_id: str
     audio_ms: int
     event_id: str | None = None
 
 
 @dataclass
-class InputCleared:
+class InputCleared(UnitEvent):
     event_id: str | None = None
 
 
 @dataclass
-class InputRejected:
+class InputRejected(UnitEvent):
+    """An input the VAD stage refused: an ``error`` with ``code`` and ``param`` (the field of
+    the client event at fault)."""
+
     code: str
     message: str
     event_id: str | None = None
+    param: str | None = None
 
 
 @dataclass
-class Transcribed:
+class Transcribed(UnitEvent):
     item_id: str
     transcript: str
     audio_seconds: float
@@ -223,7 +249,7 @@ class Transcribed:
 
 
 @dataclass
-class SpeechPeeked:
+class SpeechPeeked(UnitEvent):
     """The transcript of an item's speech so far (the answer to a PeekInput)."""
 
     item_id: str
@@ -232,19 +258,19 @@ class SpeechPeeked:
 
 
 @dataclass
-class TranscriptionFailed:
+class TranscriptionFailed(UnitEvent):
     item_id: str
     message: str
 
 
 @dataclass
-class ResponseText:
+class ResponseText(UnitEvent):
     response_id: str
     text: str
 
 
 @dataclass
-class ResponseAudio:
+class ResponseAudio(UnitEvent):
     """One spoken phrase: its transcript delta and its audio as base64 wire-format chunks;
     ``samples``: the same audio as the TTS made it (float32, 24 kHz), for a recording."""
 
@@ -257,7 +283,7 @@ class ResponseAudio:
 
 
 @dataclass
-class ResponseFunctionCall:
+class ResponseFunctionCall(UnitEvent):
     response_id: str
     call_id: str
     name: str
@@ -265,13 +291,13 @@ class ResponseFunctionCall:
 
 
 @dataclass
-class ResponseFinished:
+class ResponseFinished(UnitEvent):
     response_id: str
     usage: dict
     error: str | None = None
 
 
 @dataclass
-class StageFailed:
+class StageFailed(UnitEvent):
     stage: str
     message: str

@@ -120,12 +120,12 @@ class VADStage(Stage):
         try:
             data = base64.b64decode(msg.audio_b64, validate=True)
         except (binascii.Error, ValueError) as exc:
-            ctx.emit(m.InputRejected("invalid_base64", f"'audio' is not valid base64: {exc}.", msg.event_id))
+            ctx.emit(m.InputRejected("invalid_base64", f"'audio' is not valid base64: {exc}.", msg.event_id, "audio"))
             return
         try:
             samples = self.decoder.decode(data)
         except ValueError as exc:
-            ctx.emit(m.InputRejected("invalid_audio", str(exc), msg.event_id))
+            ctx.emit(m.InputRejected("invalid_audio", str(exc), msg.event_id, "audio"))
             return
         buffered = len(self._buffer) * WINDOW_SAMPLES + len(self._pending)
         if buffered + len(samples) > MAX_BUFFER_SECONDS * SPEECH_RATE:

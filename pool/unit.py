@@ -111,9 +111,8 @@ class PipelineUnit:
 
     def submit(self, msg):
         """Queue protocol work without blocking. Returns False when the inbox is full."""
-        name = "llm" if isinstance(msg, m.ResponseJob) else "vad"
         try:
-            self._chain.inboxes[name].put_nowait((self._ctx, msg))
+            self._chain.inboxes[msg.inbox].put_nowait((self._ctx, msg))
         except queue.Full:
             return False
         return True

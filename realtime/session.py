@@ -399,8 +399,7 @@ class RealtimeSession:
         self.send("input_audio_buffer.cleared")
 
     def _on_input_rejected(self, event):
-        self.send_error(ProtocolError(event.code, event.message, event_id=event.event_id,
-                                      param="audio" if event.code in ("invalid_base64", "invalid_audio") else None))
+        self.send_error(ProtocolError(event.code, event.message, event_id=event.event_id, param=event.param))
 
     def _on_transcribed(self, event):
         self._turn_marks.transcribed = time.perf_counter()  # the latest item's
