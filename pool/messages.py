@@ -53,15 +53,26 @@ class UnitEvent:
     loop by ``RealtimeSession._on_<name>``."""
 
 
+@dataclass(frozen=True)
+class TurnDetection:
+    """What the VAD stage needs of a session's ``turn_detection``: ``threshold`` (speech
+    probability), ``prefix_padding_ms``, ``silence_ms`` (the silence that always ends a turn)
+    and ``check_ms`` (None, or the pause after which the end-of-turn model is asked whether the
+    turn is finished: semantic_vad)."""
+
+    threshold: float
+    prefix_padding_ms: int
+    silence_ms: int
+    check_ms: int | None = None
+
+
 @dataclass
 class ConfigureInput(UnitInput):
     """Input settings. ``decoder``: has ``decode(bytes) -> float32 @ 16 kHz``; ``turn_detection``:
-    None for manual turns, else a dict: ``threshold`` (speech probability), ``prefix_padding_ms``,
-    ``silence_ms`` (the silence that always ends a turn) and ``check_ms`` (None, or the pause
-    after which the end-of-turn model is asked whether the turn is finished: semantic_vad)."""
+    a ``TurnDetection``, or None for manual turns."""
 
     decoder: object
-    turn_detection: dict | None
+    turn_detection: TurnDetection | None
     language: str | None
 
 

@@ -150,10 +150,10 @@ class VADStage(Stage):
         if td is None:
             self._buffer.append(window)
             return
-        voiced = probability >= td["threshold"]
+        voiced = probability >= td.threshold
         if self._speech_item is None:
             self._prefix.append(window)
-            while len(self._prefix) * WINDOW_SAMPLES > td["prefix_padding_ms"] * SPEECH_RATE // 1000 + WINDOW_SAMPLES:
+            while len(self._prefix) * WINDOW_SAMPLES > td.prefix_padding_ms * SPEECH_RATE // 1000 + WINDOW_SAMPLES:
                 self._prefix.popleft()
             if voiced:  # a candidate: speech once it has MIN_SPEECH_MS of voiced windows
                 self._speech_item = new_id("item")
@@ -167,7 +167,7 @@ class VADStage(Stage):
         if not self._announced and self._voiced * WINDOW_SAMPLES * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
             self._announced = True
             ctx.emit(m.SpeechStarted(self._speech_item, _ms(max(self._speech_start, 0))))
-        if probability < max(td["threshold"] - NEG_THRESHOLD_GAP, 0.01):
+        if probability < max(td.threshold - NEG_THRESHOLD_GAP, 0.01):
             self._silence += WINDOW_SAMPLES
         else:
             self._silence, self._asked, self._speculated = 0, False, None
@@ -177,7 +177,7 @@ class VADStage(Stage):
             return
         self._maybe_peek(ctx)
         self._maybe_speculate(ctx, td)
-        if self._silence * 1000 >= td["silence_ms"] * SPEECH_RATE or self._finished_early(td):
+        if self._silence * 1000 >= td.silence_ms * SPEECH_RATE or self._finished_early(td):
             item_id = self._speech_item
             ctx.emit(m.SpeechStopped(item_id, _ms(self._samples_seen - self._silence)))
             self._commit(ctx, None, item_id)
@@ -192,8 +192,8 @@ class VADStage(Stage):
         """Early in a pause (SPECULATE_MS, shorter than the turn's silence), transcribe the
         speech so far: the STT keeps the result for the commit, which reuses it when nothing but
         silence came between."""
-        at_ms = min(SPECULATE_MS, td["check_ms"] // 2) if td["check_ms"] else SPECULATE_MS
-        if (self._speculated is not None or td["silence_ms"] <= at_ms
+        at_ms = min(SPECULATE_MS, td.check_ms // 2) if td.check_ms else SPECULATE_MS
+        if (self._speculated is not None or td.silence_ms <= at_ms
                 or self._silence * 1000 < at_ms * SPEECH_RATE):
             return
         audio = np.concatenate(self._buffer)
@@ -202,8 +202,8 @@ class VADStage(Stage):
 
     def _finished_early(self, td):
         """semantic_vad: at the first ``check_ms`` of a pause, the end-of-turn model decides."""
-        if (td["check_ms"] is None or self._turn is None or self._asked
-                or self._silence * 1000 < td["check_ms"] * SPEECH_RATE):
+        if (td.check_ms is None or self._turn is None or self._asked
+                or self._silence * 1000 < td.check_ms * SPEECH_RATE):
             return False
         self._asked = True
         return self._turn.is_complete(np.concatenate(self._buffer))

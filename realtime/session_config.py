@@ -12,6 +12,8 @@ Unknown-field policy: a field that OpenAI's GA session does not have is refused 
 
 import copy
 
+from pool.messages import TurnDetection
+
 from .audio import FORMAT_TYPES, PCM_RATE
 from .errors import ProtocolError
 
@@ -322,7 +324,7 @@ def vad_settings(td):
     ``pool.messages.ConfigureInput``."""
     if td is None:
         return None
-    return {"threshold": td.get("threshold", SERVER_VAD_DEFAULTS["threshold"]),
-            "prefix_padding_ms": td.get("prefix_padding_ms", SERVER_VAD_DEFAULTS["prefix_padding_ms"]),
-            "silence_ms": effective_silence_ms(td),
-            "check_ms": END_OF_TURN_CHECK_MS if td["type"] == "semantic_vad" else None}
+    return TurnDetection(threshold=td.get("threshold", SERVER_VAD_DEFAULTS["threshold"]),
+                         prefix_padding_ms=td.get("prefix_padding_ms", SERVER_VAD_DEFAULTS["prefix_padding_ms"]),
+                         silence_ms=effective_silence_ms(td),
+                         check_ms=END_OF_TURN_CHECK_MS if td["type"] == "semantic_vad" else None)

@@ -29,8 +29,7 @@ def run_vad(backends, silence_ms, threshold=0.5, path=JFK, check_ms=None, silenc
     events = []
     ctx = m.SessionContext(events.append)
     stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}),
-                                       {"threshold": threshold, "prefix_padding_ms": 300,
-                                        "silence_ms": silence_ms, "check_ms": check_ms}, "en"))
+                                       m.TurnDetection(threshold, 300, silence_ms, check_ms), "en"))
     for append in speech_appends(path, silence_s=silence_s):
         stage.handle(ctx, m.AppendInput(append["audio"]))
     transcribe = []
@@ -127,8 +126,7 @@ def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backen
     events = []
     ctx = m.SessionContext(events.append)
     stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}),
-                                       {"threshold": 0.5, "prefix_padding_ms": 300, "silence_ms": 500,
-                                        "check_ms": None}, "en"))
+                                       m.TurnDetection(0.5, 300, 500), "en"))
     peeked = False
     for append in speech_appends(JFK, silence_s=1.0):
         stage.handle(ctx, m.AppendInput(append["audio"]))
