@@ -68,8 +68,9 @@ class SessionRecording:
         threading.Thread(target=self._save, args=(on_saved,), daemon=True,
                          name=f"recording-{self.session_id}").start()
 
-    def discard(self):
-        """Drop the recording (a session whose drain never finished)."""
+    def _discard(self):
+        """Close the temporary files (closing deletes them). A recording that is never saved (a
+        drain that never ends) is closed the same way when it is garbage-collected."""
         for raw in self._raw.values():
             raw.close()
 
@@ -85,7 +86,7 @@ class SessionRecording:
         except Exception:  # noqa: BLE001 - a storage error loses this recording, nothing else
             log.exception("session %s: its recording could not be stored", self.session_id)
         finally:
-            self.discard()
+            self._discard()
         if names:
             on_saved(names)
 
