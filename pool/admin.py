@@ -41,6 +41,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
+def may_release(request):
+    """Who may release a quarantined unit (the Release action and the pool overview's button)."""
+    return request.user.has_perm("pool.release_unit")
+
+
 @admin.action(permissions=["release"], description="Release the selected quarantined units")
 def release_units(modeladmin, request, queryset):
     for unit in queryset.select_related("process"):
@@ -68,7 +73,7 @@ class UnitAdmin(ReadOnlyAdmin):
         return unit.process.heartbeat_at
 
     def has_release_permission(self, request):
-        return request.user.has_perm("pool.release_unit")
+        return may_release(request)
 
 
 admin.site.register(Unit, UnitAdmin)
@@ -99,10 +104,9 @@ class ServerProcessAdmin(ReadOnlyAdmin):
         itself. A quarantined unit is released from here with the Release action's permission."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        unit_admin = self.admin_site._registry[Unit]
-        may_release = unit_admin.has_release_permission(request)
+        releaser = may_release(request)
         if request.method == "POST":
-            if not may_release:
+            if not releaser:
                 raise PermissionDenied
             unit = get_object_or_404(Unit.objects.select_related("process"), pk=request.POST.get("unit"))
             ok, message = control.release_unit(unit, request.user)
@@ -116,7 +120,7 @@ class ServerProcessAdmin(ReadOnlyAdmin):
             processes.append({"process": process, "units": units,
                               "heartbeat_age": seconds((now - process.heartbeat_at).total_seconds(), 0)})
         context = {**self.admin_site.each_context(request), "title": "Pool overview", "processes": processes,
-                   "may_release": may_release, "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
+                   "may_release": releaser, "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
                    "opts": self.model._meta}
         return TemplateResponse(request, "admin/pool/overview.html", context)
 
