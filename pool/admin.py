@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from . import control, timings
 from .auth import new_key
 from .models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
-from .states import ProcessState, SessionState, UnitState
+from .states import LIVE_PROCESS_STATES, ProcessState, SessionState, UnitState
 
 STATE_COLOURS = {UnitState.IDLE: "#2e7d32", UnitState.ACTIVE: "#1565c0", UnitState.DRAINING: "#ef6c00",
                  UnitState.QUARANTINED: "#c62828", SessionState.LOST: "#6d4c41"}
@@ -62,7 +62,7 @@ class UnitAdmin(ReadOnlyAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("process").filter(
-            process__state=ProcessState.RUNNING)
+            process__state__in=LIVE_PROCESS_STATES)
 
     @admin.display(description="state", ordering="state")
     def state_display(self, unit):
@@ -114,7 +114,7 @@ class ServerProcessAdmin(ReadOnlyAdmin):
             return redirect("admin:pool_overview")
         now = timezone.now()
         processes = []
-        for process in ServerProcess.objects.filter(state=ProcessState.RUNNING).prefetch_related("units"):
+        for process in ServerProcess.objects.filter(state__in=LIVE_PROCESS_STATES).prefetch_related("units"):
             units = [{"unit": unit, "badge": state_badge(unit.state),
                       "for": seconds((now - unit.state_since).total_seconds(), 0)} for unit in process.units.all()]
             processes.append({"process": process, "units": units,

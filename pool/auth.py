@@ -42,13 +42,18 @@ def hash_key(key):
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def bearer_token(authorization):
+    """The token of an ``Authorization: Bearer <token>`` header value, or None."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
 def key_from_scope(scope):
-    """The API key a WebSocket handshake carries (header first, then subprotocol), or None."""
+    """The API key (or client secret) a WebSocket handshake carries (header first, then
+    subprotocol), or None."""
     for name, value in scope.get("headers", []):
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
+        if name == b"authorization" and (token := bearer_token(value.decode("latin-1"))):
+            return token
     for protocol in scope.get("subprotocols") or []:
         if protocol.startswith(SUBPROTOCOL_KEY) and len(protocol) > len(SUBPROTOCOL_KEY):
             return protocol[len(SUBPROTOCOL_KEY):]

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from .backends import InvalidBackendError, backend_loader
-from .states import ProcessState
+from .states import LIVE_PROCESS_STATES
 
 IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"
 
@@ -128,7 +128,7 @@ def check_layer_shared(app_configs, **kwargs):
     from .models import ServerProcess
 
     try:
-        running = ServerProcess.objects.filter(state=ProcessState.RUNNING).count()
+        running = ServerProcess.objects.filter(state__in=LIVE_PROCESS_STATES).count()
     except DatabaseError:  # not migrated yet (this check also runs during migrate)
         return []
     if running > 1:

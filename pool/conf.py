@@ -79,6 +79,17 @@ DEFAULTS = {
     "ALLOWED_ORIGINS": None,
     # Where the WebSocket endpoint is mounted, for the browser page (a host site may use a prefix).
     "REALTIME_PATH": "/v1/realtime",
+    # Where clients reach this process, without the endpoint's path: "wss://voice.example.com/a"
+    # (behind a proxy that routes /a to it) or "ws://10.0.0.5:8001". A client secret that reserves
+    # a unit of this process sends its client to PUBLIC_URL + REALTIME_PATH. None: runpool
+    # advertises ws://<--host>:<--port> when --host names one address; else only this process's
+    # own answers to POST /v1/realtime/client_secrets send clients here.
+    "PUBLIC_URL": None,
+    # POST /v1/realtime/client_secrets: a secret's lifetime when the request names none, and the
+    # longest allowed (seconds; OpenAI's are 600 and 7200). Its unit stays reserved until it is
+    # used or expires.
+    "CLIENT_SECRET_SECONDS": 600,
+    "CLIENT_SECRET_MAX_SECONDS": 7200,
     # A token that may read GET /v1/pool and /metrics (Authorization: Bearer <token>); staff
     # users always may.
     "STATUS_TOKEN": None,
@@ -133,7 +144,7 @@ _PATH = (str, os.PathLike)
 # (a float key also takes an int). ``pool.checks`` holds ``settings.S2S`` to these.
 OPTIONAL = {
     "VAD_MODEL": _PATH, "STT_MODEL": _PATH, "LLM_MODEL": _PATH, "TTS_MODEL": _PATH,
-    "TURN_MODEL": _PATH, "TTS_VOICES": _PATH, "LLM_BASE_URL": str, "STATUS_TOKEN": str,
+    "TURN_MODEL": _PATH, "TTS_VOICES": _PATH, "LLM_BASE_URL": str, "STATUS_TOKEN": str, "PUBLIC_URL": str,
     "ALLOWED_ORIGINS": (list, tuple), "IDLE_TIMEOUT_SECONDS": (int, float),
     "CONNECTS_PER_MINUTE": int, "MAX_SESSION_SECONDS": (int, float),
     "HISTORY_RETENTION_DAYS": (int, float), "RECORDING_RETENTION_DAYS": (int, float),

@@ -26,6 +26,10 @@ class ServerProcess(models.Model):
                   "stalled process shows here.")
     control_channel = models.CharField(max_length=100, blank=True,
                                        help_text="Channel-layer channel on which this process takes operator commands.")
+    public_url = models.CharField(
+        max_length=255, blank=True, verbose_name="public URL",
+        help_text="Where clients reach this process (PUBLIC_URL, e.g. wss://voice.example.com/a): "
+                  "a client secret reserving one of its units sends clients there.")
 
     class Meta:
         verbose_name = "server process"
@@ -48,6 +52,11 @@ class Unit(models.Model):
         null=True, blank=True, verbose_name="input lag (ms)",
         help_text="The longest an audio append of the current session waited for the VAD, as of "
                   "the last heartbeat: a unit that cannot keep up with real time shows here.")
+    state_seq = models.PositiveBigIntegerField(
+        default=0, help_text="Counts the unit's state changes in its process: a write of an older "
+                             "change never overwrites a newer one (pool.admission).")
+    reserved_until = models.DateTimeField(
+        null=True, blank=True, help_text="Held for a client secret until then, unless used first.")
 
     class Meta:
         ordering = ["process", "index"]
@@ -102,6 +111,33 @@ class APIKey(models.Model):
         key, key_hash = new_key()
         return cls.objects.create(name=name, prefix=key[:12], key_hash=key_hash, user=user,
                                   max_sessions=max_sessions, record_audio=record_audio), key
+
+
+class ClientSecret(models.Model):
+    """A short-lived ``ek_`` secret (``POST /v1/realtime/client_secrets``) and the unit it reserves.
+
+    Only its sha256 is stored, as for API keys. Single use: ``used_at`` is set by the connect that
+    redeems it, on the process that owns the unit (``pool.admission``)."""
+
+    prefix = models.CharField(max_length=12, help_text="The secret's first characters, to recognise it.")
+    value_hash = models.CharField(max_length=64, unique=True)
+    process = models.ForeignKey(ServerProcess, on_delete=models.CASCADE, related_name="client_secrets")
+    unit_index = models.PositiveSmallIntegerField()
+    session = models.JSONField(help_text="The starting configuration of the session it opens.")
+    api_key = models.ForeignKey(APIKey, null=True, blank=True, on_delete=models.CASCADE,
+                                related_name="client_secrets", verbose_name="API key")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                             related_name="s2s_client_secrets", help_text="Issued to a logged-in user.")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+    used_at = models.DateTimeField(null=True, blank=True)
+    session_id = models.CharField(max_length=64, blank=True, help_text="The session it opened.")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.prefix}..."
 
 
 class Session(models.Model):

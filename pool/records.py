@@ -21,7 +21,7 @@ from datetime import timedelta
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 from django.utils import timezone
 
-from .states import EndReason, ProcessState, SessionState, UnitState
+from .states import LIVE_PROCESS_STATES, EndReason, ProcessState, SessionState, UnitState
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class Records(NoRecords):
         self._put((self._session_ended, (session_id, reason, close_code, counts, timezone.now())))
 
     def unit_changed(self, unit, old, new, session_id):
-        self._put((self._unit_changed, (unit.index, old, new, session_id, timezone.now())))
+        self._put((self._unit_changed, (unit.index, old, new, session_id, timezone.now(), unit.state_seq)))
 
     def history(self, session_id, record):
         """Keep an ``ItemRecord`` or ``ResponseRecord`` of a session."""
@@ -131,13 +131,14 @@ class Records(NoRecords):
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, units):
-        """Register this process and its units (synchronously: called before serving)."""
+    def start(self, units, public_url=""):
+        """Register this process (reached by clients at ``public_url``, "" if unknown) and its
+        units, synchronously: called before serving."""
         from .models import ServerProcess, Unit
 
         now = timezone.now()
         self._mark_lost()
-        process = ServerProcess.objects.create(host=socket.gethostname(), pid=os.getpid(),
+        process = ServerProcess.objects.create(host=socket.gethostname(), pid=os.getpid(), public_url=public_url,
                                                pool_size=len(units), heartbeat_at=now)
         process.control_channel = self.control_channel = f"pool-control.{process.pk}"
         process.save(update_fields=["control_channel"])
@@ -273,11 +274,12 @@ class Records(NoRecords):
         Session.objects.filter(session_id=session_id).update(
             **{f"{side}_audio": name for side, name in names.items()})
 
-    def _unit_changed(self, index, old, new, session_id, now):
+    def _unit_changed(self, index, old, new, session_id, now, seq):
         from .models import Session, Unit
 
-        Unit.objects.filter(process_id=self.process_id, index=index).update(
-            state=new, session_id=session_id if new != UnitState.IDLE else "", state_since=now)
+        # Only a newer change: a claim writes its row at once (pool.admission), ahead of this queue.
+        Unit.objects.filter(process_id=self.process_id, index=index, state_seq__lt=seq).update(
+            state=new, session_id=session_id if new != UnitState.IDLE else "", state_since=now, state_seq=seq)
         sessions = Session.objects.filter(session_id=session_id)
         if new == UnitState.DRAINING:
             sessions.update(state=SessionState.DRAINING)
@@ -333,7 +335,7 @@ class Records(NoRecords):
 
         now = timezone.now()
         silent = ServerProcess.objects.filter(
-            state=ProcessState.RUNNING, heartbeat_at__lt=now - timedelta(seconds=self.lost_after_seconds))
+            state__in=LIVE_PROCESS_STATES, heartbeat_at__lt=now - timedelta(seconds=self.lost_after_seconds))
         if self.process_id:
             silent = silent.exclude(pk=self.process_id)
         lost = list(silent.values_list("pk", flat=True))

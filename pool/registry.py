@@ -33,12 +33,13 @@ class PoolRegistry:
         self._lock = threading.Lock()
         self.release_after = release_after
         self.records = records or NoRecords()
-        self.accepting = True
+        self.accepting = True  # False once the process shuts down: no claim succeeds
+        self.process_draining = False  # no new sessions but those of client secrets (pool.admission)
         self.backends = backends
         self.units = [PipelineUnit(i, backends, self._on_drained) for i in range(size)]
         now = time.time()
         for unit in self.units:
-            unit.state_since = now
+            unit.state_since, unit.state_seq = now, 0
         metrics.unit_changed(self, None, UnitState.IDLE)
         self._drains = {}  # unit index -> (ctx of the draining session, deadline timer)
         self._changed = threading.Condition(self._lock)
@@ -55,31 +56,41 @@ class PoolRegistry:
     def _set_state(self, unit, state, session_id=None):
         old, concerned = unit.state, session_id or unit.session_id
         unit.state, unit.session_id, unit.state_since = state, session_id, time.time()
+        unit.state_seq += 1
         self.records.unit_changed(unit, old, state, concerned)
         metrics.unit_changed(self, old, state)
         self._changed.notify_all()
 
-    def claim(self, session_id, wait=0.0):
+    def claim(self, session_id, wait=0.0, only=None, skip=()):
         """Mark the first idle unit active for ``session_id`` and return it; None when full
         (or when the pool has stopped accepting, at shutdown).
 
-        With ``wait`` > 0 (seconds), a pool whose units are busy but partly draining waits for
-        one to become idle: a client that reconnects right after a disconnect gets its unit
-        back. Blocks the calling thread for up to ``wait``; a pool with nothing draining answers
-        at once.
+        ``only``: the one unit index that may be taken (a client secret's reserved unit);
+        ``skip``: indices that may not (units reserved for others). With ``wait`` > 0 (seconds),
+        a pool whose eligible units are busy but partly draining waits for one to become idle:
+        a client that reconnects right after a disconnect gets its unit back. Blocks the calling
+        thread for up to ``wait``; a pool with nothing draining answers at once.
         """
         deadline = time.monotonic() + wait
+        eligible = [u for u in self.units if u.index not in skip and (only is None or u.index == only)]
         with self._lock:
             while self.accepting:
-                for unit in self.units:
+                for unit in eligible:
                     if unit.state == UnitState.IDLE:
                         self._set_state(unit, UnitState.ACTIVE, session_id)
                         return unit
                 remaining = deadline - time.monotonic()
-                if remaining <= 0 or not self.draining():
+                if remaining <= 0 or not any(u.state == UnitState.DRAINING for u in eligible):
                     break
                 self._changed.wait(remaining)
         return None
+
+    def unclaim(self, unit):
+        """Give back a unit claimed for a session that never started (its reservation check
+        failed): idle again at once, nothing to drain."""
+        with self._lock:
+            if unit.state == UnitState.ACTIVE:
+                self._set_state(unit, UnitState.IDLE)
 
     def draining(self):
         """True when some unit is draining (and may soon be idle)."""
@@ -178,7 +189,7 @@ def build_registry(config, size=None, record=True):
                       config["LOST_AFTER_SECONDS"]) if record else None
     registry = PoolRegistry(load_backends(config), size, config["RELEASE_AFTER_SECONDS"], records)
     if record:
-        records.start(registry.units)
+        records.start(registry.units, config["PUBLIC_URL"] or "")
     return registry
 
 

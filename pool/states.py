@@ -30,9 +30,17 @@ class SessionState(models.TextChoices):
 
 
 class ProcessState(models.TextChoices):
+    """A ``runpool`` process: running -> draining (no new sessions; ends when its sessions have)
+    -> stopped, or lost when its heartbeat stops."""
+
     RUNNING = "running", "running"
+    DRAINING = "draining", "draining"
     STOPPED = "stopped", "stopped"
     LOST = "lost", "lost"
+
+
+# Processes that still serve: the pool console lists them, and lost is decided among them.
+LIVE_PROCESS_STATES = (ProcessState.RUNNING, ProcessState.DRAINING)
 
 
 class EndReason(models.TextChoices):

@@ -1,7 +1,8 @@
 """The WebSocket endpoint of the Realtime protocol: one consumer per client connection.
 
 connect:    accept (subprotocol "realtime" when offered) -> check the origin and the API key
-            (``pool.auth``) -> claim a unit from the pool; a refusal or a full pool ->
+            (``pool.auth``) or client secret -> claim a unit, honouring the reservations of
+            client secrets (``pool.admission``); a refusal or a full pool ->
             ``error`` with its code, close 1008 (after accept, so a real client sees 1008 and
             not an HTTP 403) -> record the session -> ``session.created``.
 receive:    parse the frame -> the session's state machine (``realtime.session``).
@@ -21,7 +22,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 
-from pool import auth, metrics
+from pool import admission, auth, metrics
 from pool.conf import get_config
 from pool.ids import new_id
 from pool.recording import SessionRecording
@@ -32,6 +33,7 @@ from .errors import ProtocolError
 from .events import parse_client_frame
 from .flow import WriteFlow
 from .session import RealtimeSession
+from .session_config import session_defaults
 
 log = logging.getLogger(__name__)
 
@@ -76,20 +78,20 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         if refusal is not None:
             await self._refuse(refusal.code, refusal.message, refusal.close_code)
             return
-        if not self.registry.accepting:
+        if not self.registry.accepting or (self.registry.process_draining and self.secret is None):
             await self._refuse("server_shutting_down", "This server is shutting down; connect again.",
                                CLOSE_GOING_AWAY)
             return
-        self.unit = self.registry.claim(session_id)
+        self.unit = await admission.claim(self.registry, session_id, secret=self.secret)
         if self.unit is None:
             # A client that closes and reconnects at once can get here before the server has
             # handled its close (the close handshake completes below the application): let
             # pending disconnects run, then try again, waiting for a unit that is draining.
             await asyncio.sleep(CLAIM_SETTLE_SECONDS)
-            self.unit = self.registry.claim(session_id)
+            self.unit = await admission.claim(self.registry, session_id, secret=self.secret)
         if self.unit is None and self.registry.draining():
-            self.unit = await asyncio.to_thread(self.registry.claim, session_id,
-                                                get_config()["CLAIM_WAIT_SECONDS"])
+            self.unit = await admission.claim(self.registry, session_id, get_config()["CLAIM_WAIT_SECONDS"],
+                                              self.secret)
         if self.unit is None:
             await self._refuse("session_limit_reached",
                                "Every unit of this server's pool is busy; try again later.")
@@ -100,26 +102,14 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
                                               self.client_address)
         config = get_config()
         query = parse_qs(self.scope.get("query_string", b"").decode("latin-1"))
-        defaults = {
-            "model": query.get("model", [""])[0] or "s2s-default",
-            "instructions": config["DEFAULT_INSTRUCTIONS"],
-            "voice": config["DEFAULT_VOICE"],
-            "speaks": self.registry.speaks,
-            "max_output_tokens": config["LLM_MAX_OUTPUT_TOKENS"],
-            "context_chars": config["LLM_CONTEXT_CHARS"],
-            "turn_detection": config["DEFAULT_TURN_DETECTION"],
-            "interrupt_min_speech_ms": config["INTERRUPT_MIN_SPEECH_MS"],
-            "backchannel_words": config["BACKCHANNEL_WORDS"],
-            "backchannel_prompt": config["BACKCHANNEL_PROMPT"],
-            "history_max_items": config["HISTORY_MAX_ITEMS"],
-        }
+        defaults = session_defaults(config, self.registry.speaks, query.get("model", [""])[0] or "s2s-default")
         self.flow = WriteFlow(self.base_send)
         self.sender = asyncio.create_task(self._send_loop())
         recording = SessionRecording(session_id) if self._records_audio(config) else None
         self.ctx = self.unit.begin(self._from_pipeline, recording)
         self.session = RealtimeSession(session_id, self.unit, self.outbox.put_nowait, defaults,
                                        self.registry.records, recording)
-        self.session.start()
+        self.session.start(self.secret.session if self.secret is not None else None)
         self.started = self.last_client_event = time.monotonic()
         if config["IDLE_TIMEOUT_SECONDS"] or config["MAX_SESSION_SECONDS"]:
             self.watchdog = asyncio.create_task(
@@ -129,10 +119,12 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
     async def _authorize(self):
         """Origin and API key checks; returns a ``pool.auth.Refusal`` or None. On success with a
         key, the key's session is counted (``_release_key`` undoes it)."""
-        self.api_key_id = self.record_audio = None
+        self.api_key_id = self.record_audio = self.secret = None
         if not auth.origin_allowed(self.scope):
             return auth.Refusal("origin_not_allowed", "This origin may not connect to this server.")
         key = auth.key_from_scope(self.scope)
+        if key is not None and admission.is_client_secret(key):
+            return await self._redeem(key)
         if key is None or not auth.is_server_key(key):
             # No key, or a placeholder that is not one of ours (SDKs insist on some api_key).
             if auth.anonymous_allowed():
@@ -155,6 +147,20 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         KEY_SESSIONS[api_key.pk] += 1  # on the event loop, right after the check: no race here
         self.api_key_id, self.record_audio = api_key.pk, api_key.record_audio
         return None
+
+    async def _redeem(self, value):
+        """A client secret: its reserved unit, starting session and API key (pool.admission)."""
+        try:
+            self.secret, refusal = await database_sync_to_async(admission.redeem)(
+                value, self.registry.records.process_id)
+        except DatabaseError:
+            log.warning("a client secret could not be checked: the database is unavailable")
+            return auth.Refusal("database_unavailable", "The server cannot check client secrets right now; "
+                                "try again shortly.", CLOSE_TRY_AGAIN_LATER)
+        if refusal is None and self.secret.api_key is not None:
+            KEY_SESSIONS[self.secret.api_key_id] += 1  # its limit was applied when it was issued
+            self.api_key_id, self.record_audio = self.secret.api_key_id, self.secret.api_key.record_audio
+        return refusal
 
     def _records_audio(self, config):
         """Whether this session's audio is recorded: its API key's choice, else RECORD_AUDIO."""

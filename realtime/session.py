@@ -20,7 +20,6 @@ import time
 from pool import messages as m
 from pool import metrics
 from pool.backends.llm import LLMRequest
-from pool.backends.tts import voice_language
 from pool.ids import new_id
 from pool.records import NoRecords
 from pool.timings import Marks, TurnTimings
@@ -98,9 +97,20 @@ class RealtimeSession:
         self.history.error(event_id, body)
         self._send_raw({"type": "error", "event_id": event_id, "error": body})
 
-    def start(self):
-        """The first server event of every session."""
+    def start(self, initial=None):
+        """The first server event of every session. ``initial``: a ``session.update`` body the
+        session starts with (a client secret's ``session``), announced by ``session.created``; if
+        it no longer passes (the models changed since it was issued) the session starts with the
+        defaults and an ``error`` follows."""
+        error = None
+        try:
+            if initial:
+                self._update_config(initial)
+        except ProtocolError as exc:
+            error = exc
         self.send("session.created", session=copy.deepcopy(self.config))
+        if error is not None:
+            self.send_error(error)
 
     def close(self):
         """The client is gone: stop the active response's generation and speech now, and close
@@ -133,31 +143,17 @@ class RealtimeSession:
             self.send_error(error)
 
     def _on_session_update(self, event):
-        update = require(event, "session", dict)
+        self._update_config(require(event, "session", dict))
+        self.send("session.updated", session=copy.deepcopy(self.config))
+
+    def _update_config(self, update):
+        """Apply a ``session.update`` body, all or nothing. Raises ProtocolError."""
         config = sc.apply_update(self.config, update)
-        self._check_languages(config)
+        sc.check_languages(config, self._speaks)
         self.config = config
         self._configure_input()
         if self.config["audio"]["input"]["turn_detection"] is None:
             self.turns.input_reset()  # manual turns: the VAD no longer ends speech
-        self.send("session.updated", session=copy.deepcopy(self.config))
-
-    def _check_languages(self, config):
-        """A language the loaded models cannot hear or speak is refused, never ignored: the
-        transcription language must be one the STT transcribes, and a Kokoro voice name
-        (``ef_dora``) must be of a language the TTS speaks. Raises ProtocolError."""
-        language = (config["audio"]["input"]["transcription"] or {}).get("language")
-        heard = self._speaks["transcription_languages"]
-        if language is not None and str(language).lower() not in heard:
-            raise ProtocolError(
-                "unsupported_language", f"This server's speech recognition transcribes {', '.join(heard)} "
-                f"only, not {language!r}.", param="session.audio.input.transcription.language")
-        voice = config["audio"]["output"]["voice"]
-        spoken = voice_language(voice)
-        if spoken is not None and spoken not in self._speaks["voice_languages"]:
-            raise ProtocolError(
-                "unsupported_language", f"Voice {voice!r} speaks {spoken!r}; this server's voices speak "
-                f"{', '.join(self._speaks['voice_languages'])} only.", param="session.audio.output.voice")
 
     def _on_input_audio_buffer_append(self, event):
         audio = require(event, "audio", str)

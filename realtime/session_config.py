@@ -12,6 +12,7 @@ Unknown-field policy: a field that OpenAI's GA session does not have is refused 
 
 import copy
 
+from pool.backends.tts import voice_language
 from pool.messages import TurnDetection
 
 from .audio import FORMAT_TYPES, PCM_RATE
@@ -95,6 +96,43 @@ def default_session(session_id, model, instructions, voice, turn_detection="serv
             },
         },
     }
+
+
+def session_defaults(config, speaks, model="s2s-default"):
+    """What a new session starts from: ``RealtimeSession``'s ``defaults``, from the ``S2S``
+    settings (``pool.conf``) and ``speaks`` (``PoolRegistry.speaks``: the models' languages)."""
+    return {
+        "model": model,
+        "instructions": config["DEFAULT_INSTRUCTIONS"],
+        "voice": config["DEFAULT_VOICE"],
+        "speaks": speaks,
+        "max_output_tokens": config["LLM_MAX_OUTPUT_TOKENS"],
+        "context_chars": config["LLM_CONTEXT_CHARS"],
+        "turn_detection": config["DEFAULT_TURN_DETECTION"],
+        "interrupt_min_speech_ms": config["INTERRUPT_MIN_SPEECH_MS"],
+        "backchannel_words": config["BACKCHANNEL_WORDS"],
+        "backchannel_prompt": config["BACKCHANNEL_PROMPT"],
+        "history_max_items": config["HISTORY_MAX_ITEMS"],
+    }
+
+
+def check_languages(config, speaks):
+    """A language the loaded models cannot hear or speak is refused, never ignored: the
+    transcription language must be one the STT transcribes, and a Kokoro voice name
+    (``ef_dora``) must be of a language the TTS speaks. ``speaks``: ``PoolRegistry.speaks``.
+    Raises ProtocolError ``unsupported_language``."""
+    language = (config["audio"]["input"]["transcription"] or {}).get("language")
+    heard = speaks["transcription_languages"]
+    if language is not None and str(language).lower() not in heard:
+        raise ProtocolError(
+            "unsupported_language", f"This server's speech recognition transcribes {', '.join(heard)} "
+            f"only, not {language!r}.", param="session.audio.input.transcription.language")
+    voice = config["audio"]["output"]["voice"]
+    spoken = voice_language(voice)
+    if spoken is not None and spoken not in speaks["voice_languages"]:
+        raise ProtocolError(
+            "unsupported_language", f"Voice {voice!r} speaks {spoken!r}; this server's voices speak "
+            f"{', '.join(speaks['voice_languages'])} only.", param="session.audio.output.voice")
 
 
 def map_beta_fields(update):

@@ -2,11 +2,13 @@
 
 from django.shortcuts import render
 from django.urls import reverse
+from django.views.decorators.csrf import ensure_csrf_cookie
 
 from pool.backends.tts import OPENAI_VOICES
 from pool.conf import get_config
 
 
+@ensure_csrf_cookie  # the page asks for a client secret with it (realtime.client_secrets)
 def talk(request):
     """``GET /``: microphone in, spoken answers out, transcripts, voice and instructions."""
     config = get_config()

@@ -36,17 +36,17 @@ def scripted_pool(settings, transactional_db):
     """A pool of 2 units on the scripted test backend (real Silero VAD), installed as the
     process's pool for the test; no database records (channels still closes old connections)."""
     settings.S2S = SCRIPTED
-    yield from _installed(build_registry(get_config(), record=False))
+    yield from installed(build_registry(get_config(), record=False))
 
 
 @pytest.fixture
 def recorded_pool(settings, transactional_db):
     """Like ``scripted_pool`` with 1 unit, recording the process, units and sessions."""
     settings.S2S = {**SCRIPTED, "POOL_SIZE": 1}
-    yield from _installed(build_registry(get_config(), record=True))
+    yield from installed(build_registry(get_config(), record=True))
 
 
-def _installed(registry):
+def installed(registry):
     previous = set_registry(registry)
     SCRIPT.reset()
     yield registry
