@@ -9,7 +9,7 @@ PORT ?= 8000
 
 NODE_STAMP := tests/node/node_modules/.installed
 
-.PHONY: install browser serve test test-fast
+.PHONY: install browser serve lint test test-fast
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -37,10 +37,13 @@ $(NODE_STAMP): tests/node/package-lock.json
 	npm ci --prefix tests/node --no-audit --no-fund
 	touch $(NODE_STAMP)
 
-test: install browser $(NODE_STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: install lint browser $(NODE_STAMP)
 	$(PY) -m pytest -ra
 
 # The tests that need no real models, live server, browser, Node, PostgreSQL, Redis or wheel build
 # (the scripted backend through channels' test tools): minutes, not the full suite's half hour.
-test-fast: install
+test-fast: install lint
 	$(PY) -m pytest -m "not (models or live or chromium or node or postgres or redis or wheel)"

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pool.testing import AUDIO_DIR, LiveServer
 from pool.timings import FIELDS
-from tests.helpers import AUDIO_DIR
-from tests.live import LiveServer
 
 RECORDINGS = {"jfk": AUDIO_DIR / "jfk.flac", "hotwords": AUDIO_DIR / "hotwords.mp3",
               "stereo": AUDIO_DIR / "stereo_diarization.wav"}
@@ -65,7 +64,7 @@ def turn_timings(server, response_ids, timeout=10.0):
     query = f"select response_id, {', '.join(FIELDS)} from pool_sessionresponse"
     deadline = time.monotonic() + timeout
     while True:
-        found = {row[0]: dict(zip(FIELDS, row[1:])) for row in server.query(query)}
+        found = {row[0]: dict(zip(FIELDS, row[1:], strict=True)) for row in server.query(query)}
         if set(response_ids) <= set(found) or time.monotonic() > deadline:
             return found
         time.sleep(0.2)

@@ -93,7 +93,7 @@ def turns(conversation):
                 continue
             end_of_speech = t0 + stopped[item][1] / 1000
 
-            def ms(t):
+            def ms(t, end_of_speech=end_of_speech):
                 return round((t - end_of_speech) * 1000, 1)
 
             result.append({"response": response_id, "speech_stopped": ms(stopped[item][0]),

@@ -16,7 +16,6 @@ import random
 import socket
 import time
 import urllib.request
-from pathlib import Path
 
 import websockets
 

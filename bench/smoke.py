@@ -4,7 +4,6 @@ Run by the test suite (tests/test_bench_smoke.py); figures from it mean nothing.
     python -m bench.smoke
 """
 
-import json
 
 from pool.conf import DEFAULTS
 from pool.prepare import default_paths

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import soxr
 
-from pool.backends.llm import LLMRequest, LlamaCppLLM, TransformersLLM
+from pool.backends.llm import LlamaCppLLM, LLMRequest, TransformersLLM
 from pool.backends.stt import WhisperSTT
 from pool.backends.tts import KokoroTTS
 from pool.conf import DEFAULTS
@@ -52,8 +52,8 @@ def stt_rows(paths, repeats):
     clips["jfk_first_3s"] = clips["jfk"][: 3 * 16_000]
     rows = []
     for name, audio in clips.items():
-        full, _ = timed(lambda: stt._transcribe_30s(audio, "en", None), repeats)
-        short, text = timed(lambda: stt._transcribe_short(audio, "en", None), repeats)
+        full, _ = timed(lambda audio=audio: stt._transcribe_30s(audio, "en", None), repeats)
+        short, text = timed(lambda audio=audio: stt._transcribe_short(audio, "en", None), repeats)
         rows.append({"audio": name, "seconds": round(len(audio) / 16_000, 1), "window_30s_s": full,
                      "short_window_s": short, "ratio": round(short / full, 2), "transcript": text})
     return rows
@@ -110,7 +110,7 @@ def tts_rows(paths, repeats):
     tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], DEFAULTS["THREADS"]["tts"])
     rows = []
     for text in PHRASES:
-        seconds, audio = timed(lambda: tts.synthesize(text, "af_heart"), repeats)
+        seconds, audio = timed(lambda text=text: tts.synthesize(text, "af_heart"), repeats)
         audio_s = len(audio) / 24_000
         rows.append({"text": text, "audio_s": round(audio_s, 2), "compute_s": seconds,
                      "real_time_factor": round(seconds / audio_s, 2)})

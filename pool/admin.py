@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from . import control, timings
 from .auth import new_key
 from .models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
-from .states import LIVE_PROCESS_STATES, ProcessState, SessionState, UnitState
+from .states import LIVE_PROCESS_STATES, SessionState, UnitState
 
 STATE_COLOURS = {UnitState.IDLE: "#2e7d32", UnitState.ACTIVE: "#1565c0", UnitState.DRAINING: "#ef6c00",
                  UnitState.QUARANTINED: "#c62828", SessionState.LOST: "#6d4c41"}
@@ -89,11 +89,23 @@ def ms_as_seconds(value):
     return "" if value is None else seconds(value / 1000, 2)
 
 
+@admin.action(permissions=["drain"], description="Drain the selected processes (no new sessions; "
+                                                "each stops when its sessions have ended)")
+def drain_processes(modeladmin, request, queryset):
+    for process in queryset:
+        ok, message = control.drain_process(process)
+        modeladmin.message_user(request, message, messages.SUCCESS if ok else messages.ERROR)
+
+
 @admin.register(ServerProcess)
 class ServerProcessAdmin(ReadOnlyAdmin):
-    list_display = ["__str__", "state", "pool_size", "started_at", "heartbeat_at", "longest_heartbeat_gap",
-                    "stopped_at"]
+    list_display = ["__str__", "state", "pool_size", "public_url", "started_at", "heartbeat_at",
+                    "longest_heartbeat_gap", "stopped_at"]
     list_filter = ["state", "host"]
+    actions = [drain_processes]
+
+    def has_drain_permission(self, request):
+        return request.user.has_perm("pool.drain_process")
 
     def get_urls(self):
         return [path("overview/", self.admin_site.admin_view(self.overview_view), name="pool_overview"),
@@ -116,6 +128,7 @@ class ServerProcessAdmin(ReadOnlyAdmin):
         processes = []
         for process in ServerProcess.objects.filter(state__in=LIVE_PROCESS_STATES).prefetch_related("units"):
             units = [{"unit": unit, "badge": state_badge(unit.state),
+                      "reserved": unit.reserved_until is not None and unit.reserved_until > now,
                       "for": seconds((now - unit.state_since).total_seconds(), 0)} for unit in process.units.all()]
             processes.append({"process": process, "units": units,
                               "heartbeat_age": seconds((now - process.heartbeat_at).total_seconds(), 0)})

@@ -50,7 +50,7 @@ def _unreserved(now):
     return Q(reserved_until__isnull=True) | Q(reserved_until__lte=now)
 
 
-class KeyLimitReached(Exception):
+class KeyLimitError(Exception):
     """The API key already holds ``max_sessions`` sessions and unused secrets."""
 
 
@@ -61,7 +61,7 @@ def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local
     aware datetime; ``heartbeat_seconds``: the processes' HEARTBEAT_SECONDS. Processes that
     advertise no ``public_url`` are skipped, except ``local_process_id`` (the caller's own, which
     the caller can address). Returns ``(ClientSecret, value)``, or None when no unit is free.
-    Raises KeyLimitReached.
+    Raises KeyLimitError.
     """
     from .models import APIKey, ClientSecret, ServerProcess, Session, Unit
 
@@ -76,7 +76,7 @@ def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local
             held = (Session.objects.filter(api_key=api_key, ended_at__isnull=True).count()
                     + ClientSecret.objects.filter(api_key=api_key, used_at__isnull=True, expires_at__gt=now).count())
             if held >= api_key.max_sessions:
-                raise KeyLimitReached
+                raise KeyLimitError
         for process_id in live.annotate(load=load).order_by("load", "pk").values_list("pk", flat=True):
             candidates = Unit.objects.filter(_unreserved(now), process_id=process_id, state=UnitState.IDLE)
             while (unit := candidates.select_for_update(skip_locked=True).order_by("index").first()) is not None:

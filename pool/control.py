@@ -14,9 +14,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from .models import Session, Unit
-from .states import UnitState
+from .models import ServerProcess, Session
 from .registry import local_registry
+from .states import ProcessState, UnitState
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +46,45 @@ def _record_release(session_id, user):
     Session.objects.filter(session_id=session_id).update(released_at=timezone.now(), released_by=user)
 
 
-def _release_remote(unit_row, session_id, user):
+def drain_process(process):
+    """Drain a server process: it takes no new sessions (the cluster gives it no new
+    reservations at once; secrets already issued for it are honoured), its sessions go on until
+    they end, and then ``runpool`` exits. Returns ``(ok, message)``.
+
+    The process learns it from its row at its next heartbeat, or at once through the channel
+    layer when one reaches it."""
+    if not ServerProcess.objects.filter(pk=process.pk, state=ProcessState.RUNNING).update(
+            state=ProcessState.DRAINING):
+        process.refresh_from_db(fields=["state"])
+        return False, f"{process} is {process.state}, not running."
+    registry = local_registry()
+    if registry is not None and registry.records.process_id == process.pk:
+        registry.start_draining()
+    else:
+        _send(process, {"type": "pool.control", "command": "drain"})  # else its next heartbeat
+    return True, f"{process} is draining: no new sessions; it stops when its sessions have ended."
+
+
+def _send(process, message):
+    """Send an operator command to ``process``; returns an error message, or None when sent."""
     layer = get_channel_layer()
-    channel = unit_row.process.control_channel
-    if layer is None or not channel:
-        return False, f"{unit_row} belongs to another process and no channel layer reaches it."
-    message = {"type": "pool.control", "command": "release", "index": unit_row.index}
+    if layer is None or not process.control_channel:
+        return f"{process} is another process and no channel layer reaches it."
     for attempt in range(SEND_ATTEMPTS):
         try:
-            async_to_sync(layer.send)(channel, message)
-            break
+            async_to_sync(layer.send)(process.control_channel, message)
+            return None
         except Exception as exc:  # noqa: BLE001 - the layer may be down; say so in the admin
             if attempt == SEND_ATTEMPTS - 1:
-                return False, f"Could not reach {unit_row.process} through the channel layer: {exc}"
+                return f"Could not reach {process} through the channel layer: {exc}"
             time.sleep(0.2)  # a connection left over from before a Redis restart fails once
+    return None
+
+
+def _release_remote(unit_row, session_id, user):
+    error = _send(unit_row.process, {"type": "pool.control", "command": "release", "index": unit_row.index})
+    if error:
+        return False, error
     deadline = time.monotonic() + CONFIRM_SECONDS
     while time.monotonic() < deadline:
         unit_row.refresh_from_db(fields=["state"])
@@ -90,6 +115,8 @@ async def serve_control(registry, channel):
             log.warning("control channel %s: %s; retrying", channel, exc)
             await asyncio.sleep(RETRY_SECONDS)
             continue
-        if message.get("command") == "release":
+        if message.get("command") == "drain":
+            registry.start_draining()
+        elif message.get("command") == "release":
             released = await asyncio.to_thread(registry.release_quarantined, int(message["index"]))
             log.info("control: release of unit %s: %s", message["index"], "done" if released else "not quarantined")

@@ -35,6 +35,7 @@ class ServerProcess(models.Model):
         verbose_name = "server process"
         verbose_name_plural = "server processes"
         ordering = ["-started_at"]
+        permissions = [("drain_process", "Can drain a server process")]
 
     def __str__(self):
         return f"{self.host}:{self.pid}"

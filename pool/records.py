@@ -76,6 +76,7 @@ class NoRecords:
 
     process_id = None
     control_channel = None  # where this process takes operator commands (pool.control)
+    on_draining = None  # called (on the recorder thread) when the process row says "draining"
 
     def session_started(self, session_id, unit_index, api_key_id=None, client_address=None):
         pass
@@ -90,6 +91,9 @@ class NoRecords:
         pass
 
     def recording_saved(self, session_id, names):
+        pass
+
+    def process_draining(self):
         pass
 
     def stop(self, timeout=5.0):
@@ -128,6 +132,10 @@ class Records(NoRecords):
     def recording_saved(self, session_id, names):
         """A session's recording is stored: ``names`` maps "user"/"assistant" to storage names."""
         self._put((self._recording_saved, (session_id, names)))
+
+    def process_draining(self):
+        """This process drains: its row says so (the cluster gives it no new reservations)."""
+        self._put((self._set_draining, ()))
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -299,6 +307,9 @@ class Records(NoRecords):
         if gap > max(self._longest_gap, 2 * self.heartbeat_seconds):  # late, and the latest yet
             fields["longest_heartbeat_gap"] = round(gap, 1)
         ServerProcess.objects.filter(pk=self.process_id).update(**fields)
+        state = ServerProcess.objects.filter(pk=self.process_id).values_list("state", flat=True).first()
+        if state == ProcessState.DRAINING and self.on_draining is not None:
+            transaction.on_commit(self.on_draining)  # drained by an operator (pool.control)
         self._write_input_lags()
         transaction.on_commit(lambda: self._beat_written_at(now, gap))
         self._mark_lost()
@@ -316,6 +327,12 @@ class Records(NoRecords):
     def _beat_written_at(self, now, gap):
         self._beat_written = now
         self._longest_gap = max(self._longest_gap, gap)
+
+    def _set_draining(self):
+        from .models import ServerProcess
+
+        ServerProcess.objects.filter(pk=self.process_id, state=ProcessState.RUNNING).update(
+            state=ProcessState.DRAINING)
 
     def _stopped(self):
         from .models import ServerProcess, Session

@@ -34,7 +34,8 @@ class PoolRegistry:
         self.release_after = release_after
         self.records = records or NoRecords()
         self.accepting = True  # False once the process shuts down: no claim succeeds
-        self.process_draining = False  # no new sessions but those of client secrets (pool.admission)
+        self.process_draining = False  # no new sessions but those of client secrets (start_draining)
+        self.drain_listeners = []
         self.backends = backends
         self.units = [PipelineUnit(i, backends, self._on_drained) for i in range(size)]
         now = time.time()
@@ -91,6 +92,18 @@ class PoolRegistry:
         with self._lock:
             if unit.state == UnitState.ACTIVE:
                 self._set_state(unit, UnitState.IDLE)
+
+    def start_draining(self):
+        """The process's drain (``manage.py drain_process``, the admin, SIGTERM): no new sessions
+        but those of client secrets already issued; each of ``drain_listeners`` (callables, e.g.
+        runpool's stop-when-done) is called once, from the calling thread."""
+        with self._lock:
+            if self.process_draining:
+                return
+            self.process_draining = True
+        log.info("draining: no new sessions")
+        for listener in self.drain_listeners:
+            listener()
 
     def draining(self):
         """True when some unit is draining (and may soon be idle)."""
@@ -189,6 +202,7 @@ def build_registry(config, size=None, record=True):
                       config["LOST_AFTER_SECONDS"]) if record else None
     registry = PoolRegistry(load_backends(config), size, config["RELEASE_AFTER_SECONDS"], records)
     if record:
+        records.on_draining = registry.start_draining
         records.start(registry.units, config["PUBLIC_URL"] or "")
     return registry
 

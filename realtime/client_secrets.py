@@ -99,7 +99,7 @@ def issue(request, api_key=None, user=None):
     local = registry.records.process_id
     try:
         granted = admission.issue(update, expires_at, config["HEARTBEAT_SECONDS"], api_key, user, local)
-    except admission.KeyLimitReached:
+    except admission.KeyLimitError:
         return _error(429, "session_limit_reached", f"This API key may hold {api_key.max_sessions} sessions "
                       "(and unused client secrets) at once.", kind="rate_limit_error",
                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

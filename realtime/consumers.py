@@ -196,6 +196,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
                 await self._drop_slow_client(limit)
                 return
             await self.send(text_data=json.dumps(event))
+            self.outbox.task_done()  # end() waits on the outbox's join()
 
     async def _drop_slow_client(self, limit):
         """The client has left the server's writes unread for ``limit`` s: close, with an error
@@ -257,8 +258,9 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self.end_reason, self.close_code = reason, code
         # Until the send loop has sent what is queued, or has stopped (the client left, or read
         # nothing for SLOW_CLIENT_SECONDS): a slow client cannot hold a shutdown.
-        while not self.outbox.empty() and not self.sender.done():
-            await asyncio.sleep(0.01)
+        flushed = asyncio.ensure_future(self.outbox.join())
+        await asyncio.wait((flushed, self.sender), return_when=asyncio.FIRST_COMPLETED)
+        flushed.cancel()
         await self.close(code=code)
 
     async def disconnect(self, code):

@@ -56,7 +56,7 @@ class RealtimeSession:
     ``pool.recording.SessionRecording`` that gets the assistant audio sent, or None.
     """
 
-    def __init__(self, session_id, port, send, defaults, recorder=NoRecords(), recording=None):
+    def __init__(self, session_id, port, send, defaults, recorder=None, recording=None):
         self.id = session_id
         self._port = port
         self._send_raw = send
@@ -74,7 +74,7 @@ class RealtimeSession:
                       "errors": 0, "stage_failures": 0, "audio_in_seconds": 0.0, "audio_out_seconds": 0.0,
                       "last_error": ""}
         self._turn_marks = Marks()  # of the latest voice turn (pool.timings)
-        self.history = SessionHistory(session_id, recorder, defaults.get("history_max_items", 2000))
+        self.history = SessionHistory(session_id, recorder or NoRecords(), defaults.get("history_max_items", 2000))
         self._recording = recording
         self._input_format = None
         self._configure_input()

@@ -6,15 +6,14 @@ from channels.testing import WebsocketCommunicator
 from pool.backends.scripted import SCRIPT
 from pool.conf import get_config
 from pool.registry import build_registry, set_registry
+from pool.testing import LiveServer
 
 from .helpers import Client
-from .live import LiveServer
-
 
 # What a test needs, read from the fixtures it uses (tests that start their own servers or
 # services carry the marks themselves). The markers are listed in pyproject.toml; `make
 # test-fast` runs what needs none of them.
-NEEDS = {"server": ("models", "live"), "scripted_server": ("live",), "stt": ("models",), "gguf": ("models",),
+NEEDS = {"server": ("models", "live"), "scripted_server": ("live",), "stt": ("models",), "whisper": ("models",), "gguf": ("models",),
          "speak": ("models",), "cluster": ("live", "postgres", "redis")}
 
 
@@ -70,6 +69,15 @@ def connect():
         return client
 
     return _connect
+
+
+@pytest.fixture(scope="session")
+def whisper():
+    """The default Whisper model, to transcribe what a server said."""
+    from pool.backends.stt import WhisperSTT
+    from pool.prepare import default_paths
+
+    return WhisperSTT(default_paths(get_config()["MODEL_CACHE_DIR"])["stt"])
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,12 @@
 
 import base64
 import json
-from pathlib import Path
 
 import numpy as np
 
+from pool.testing import AUDIO_DIR
 from realtime.client import load_audio, pcm16_chunks
 
-AUDIO_DIR = Path(__file__).resolve().parents[2] / "shared" / "audio"
 JFK = AUDIO_DIR / "jfk.flac"
 HOTWORDS = AUDIO_DIR / "hotwords.mp3"
 JFK_WORDS = "ask not what your country can do for you"

@@ -9,9 +9,9 @@ from django.utils import timezone
 
 from pool.auth import hash_key
 from pool.models import APIKey, Session
+from pool.testing import LiveServer
 
 from .helpers import open_socket, refused_with
-from .live import LiveServer
 
 
 @pytest.fixture
@@ -181,4 +181,4 @@ async def test_metrics_count_sessions_errors_and_turns(scripted_pool, connect):
     await client.ws.disconnect()
     after = (value("s2s_sessions_started_total"), value("s2s_errors_total", code="invalid_json"),
              value("s2s_sessions_ended_total", reason="client_close"))
-    assert [b - a for a, b in zip(before, after)] == [1, 1, 1]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [1, 1, 1]

@@ -4,11 +4,10 @@ import numpy as np
 import pytest
 import soxr
 
-from realtime.audio import (AudioFormatError, InputAudioDecoder, OutputAudioEncoder, float_to_pcm16,
-                            pcm16_to_float)
+from realtime.audio import AudioFormatError, InputAudioDecoder, OutputAudioEncoder, float_to_pcm16, pcm16_to_float
+from realtime.client import load_audio
 
 from .helpers import JFK
-from realtime.client import load_audio
 
 
 def test_odd_pcm16_byte_count_is_an_audio_format_error():

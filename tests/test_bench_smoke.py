@@ -4,11 +4,12 @@ speed is measured by bench/, never asserted by tests)."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from pool.testing import PROJECT_DIR
+
+ROOT = PROJECT_DIR
 pytestmark = [pytest.mark.models, pytest.mark.live]
 
 

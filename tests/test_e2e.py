@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import websockets
 
+from pool.testing import LiveServer
 from realtime.client import talk
 
 from .helpers import HOTWORDS, JFK, JFK_WORDS, normalise
-from .live import LiveServer
 
 SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": {"silence_duration_ms": 1500}}}}
 
@@ -31,16 +31,7 @@ async def _wait_idle(port, timeout=10):
     raise AssertionError("the pool did not return to idle")
 
 
-@pytest.fixture(scope="module")
-def stt():
-    from pool.backends.stt import WhisperSTT
-    from pool.conf import get_config
-    from pool.prepare import default_paths
-
-    return WhisperSTT(default_paths(get_config()["MODEL_CACHE_DIR"])["stt"])
-
-
-async def test_spoken_question_gets_a_spoken_answer_over_the_openai_sdk(server, stt):
+async def test_spoken_question_gets_a_spoken_answer_over_the_openai_sdk(server, whisper):
     received = []
     result = await talk(server.base_url, JFK, session=SESSION, on_event=received.append,
                         timeout_s=180)
@@ -67,7 +58,7 @@ async def test_spoken_question_gets_a_spoken_answer_over_the_openai_sdk(server, 
     reply = np.frombuffer(result.audio, dtype="<i2").astype(np.float32) / 32768
     import soxr
 
-    heard = stt.transcribe(soxr.resample(reply, 24_000, 16_000), "en")
+    heard = whisper.transcribe(soxr.resample(reply, 24_000, 16_000), "en")
     assert len(normalise(heard).split()) >= 2, heard
     await _wait_idle(server.port)
 

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 import soundfile
 
+from pool.testing import PROJECT_DIR as ROOT
 from realtime.audio import PCM_RATE
 from realtime.client import CHUNK_MS, pcm16_chunks, talk
 
 from .helpers import JFK, JFK_WORDS, check_turns_answered, normalise
-from .live import ROOT
-from .test_e2e import _wait_idle, stt  # noqa: F401 - stt is a fixture
-
+from .test_e2e import _wait_idle
 
 
 async def converse(server, **kwargs):
@@ -77,7 +76,7 @@ async def test_the_session_history_holds_what_was_said_and_each_reply_with_its_t
 
 
 @pytest.mark.chromium
-async def test_a_key_that_records_gets_both_sides_of_its_session_as_flac(server, stt):
+async def test_a_key_that_records_gets_both_sides_of_its_session_as_flac(server, whisper):
     """A key issued with ``--record-audio yes`` on the live server (RECORD_AUDIO is off): its
     session's user side is jfk.flac as the server heard it, its assistant side the replies sent.
     Then the session's admin page in headless Chromium: timeline, latency table, players."""
@@ -93,7 +92,7 @@ async def test_a_key_that_records_gets_both_sides_of_its_session_as_flac(server,
     [(user_name, assistant_name, audio_in, audio_out)] = server.query(query)
     user, rate = soundfile.read(server.media / user_name, dtype="float32")
     assert rate == 16_000 and abs(len(user) / rate - audio_in) < 0.05
-    assert JFK_WORDS in normalise(stt.transcribe(user))
+    assert JFK_WORDS in normalise(whisper.transcribe(user))
     assistant, rate = soundfile.read(server.media / assistant_name, dtype="float32")
     assert rate == 24_000 and abs(len(assistant) / rate - audio_out) < 0.05
     assert result.status == "completed"

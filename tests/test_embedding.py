@@ -1,40 +1,37 @@
 """The apps embedded in a separate host project, and the package as a wheel."""
 
+import asyncio
 import subprocess
 import sys
-import time
 import urllib.request
 import zipfile
-from pathlib import Path
 
 import pytest
 
+from pool.testing import PROJECT_DIR, LiveServer, wait_until
 from realtime.client import talk
 
 from .helpers import HOTWORDS, normalise
-from .live import LiveServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = PROJECT_DIR
 
 
 @pytest.mark.live
 async def test_a_voice_turn_through_a_host_project_under_a_prefix(tmp_path):
     host = LiveServer(tmp_path, env={"DJANGO_SETTINGS_MODULE": "tests.hostproject.settings"}, prefix="/voice")
+    def get(path):
+        with urllib.request.urlopen(f"{host.http_url}{path}", timeout=5) as reply:
+            return reply.read().decode()
+
     try:
-        home = urllib.request.urlopen(f"{host.http_url}/", timeout=5).read().decode()
-        assert "host site's own home page" in home
-        page = urllib.request.urlopen(f"{host.http_url}/voice/", timeout=5).read().decode()
-        assert 'data-endpoint="/voice/v1/realtime"' in page
-        login = urllib.request.urlopen(f"{host.http_url}/backoffice/login/", timeout=5)
-        assert login.status == 200
+        assert "host site's own home page" in await asyncio.to_thread(get, "/")
+        assert 'data-endpoint="/voice/v1/realtime"' in await asyncio.to_thread(get, "/voice/")
+        assert await asyncio.to_thread(get, "/backoffice/login/")  # 200, or urlopen raises
         result = await talk(host.base_url, HOTWORDS, timeout_s=180)
         assert result.status == "completed" and "folder" in normalise(result.user_transcript)
         assert len(result.audio) > 0
-        for _ in range(100):  # the client's close reaches the server before we stop it
-            health = urllib.request.urlopen(f"{host.http_url}/voice/healthz", timeout=5).read()
-            if b'"idle": 1' in health:
-                break
-            time.sleep(0.05)
+        # the client's close reaches the server before we stop it
+        await asyncio.to_thread(wait_until, lambda: '"idle": 1' in get("/voice/healthz"), 5, "an idle pool")
     finally:
         assert host.stop() == 0
     sessions = host.query("select count(*) from pool_session where end_reason = 'client_close'")

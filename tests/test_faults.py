@@ -19,8 +19,7 @@ import pytest
 import websockets
 
 from bench import misbehave
-
-from .live import LiveServer, free_port
+from pool.testing import LiveServer, free_port
 
 pytestmark = pytest.mark.live
 

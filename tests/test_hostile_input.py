@@ -5,7 +5,8 @@ import base64
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from pool.backends.scripted import SCRIPT

@@ -17,16 +17,14 @@ from django.test import Client as HttpClient
 from django.utils import timezone
 
 from pool.backends.scripted import SCRIPT
-from pool.models import ServerProcess, Session, Unit
-from pool.states import EndReason, ProcessState, SessionState, UnitState
 from pool.conf import get_config
+from pool.models import ServerProcess, Session, Unit
 from pool.records import Records
 from pool.registry import build_registry
+from pool.states import EndReason, ProcessState, SessionState, UnitState
 from realtime.consumers import LIVE
 
 from .helpers import user_text
-
-
 
 
 async def wait_for(predicate, timeout=5.0):

@@ -13,10 +13,11 @@ from django.core.management.utils import get_random_secret_key
 
 from pool import auth
 from pool.models import Session
+from pool.testing import PROJECT_DIR as ROOT
+from pool.testing import LiveServer
 from realtime import consumers
 
 from .helpers import open_socket, refused_with
-from .live import ROOT, LiveServer
 
 
 def scope(peer, headers=()):

@@ -4,66 +4,30 @@ both, operator commands that cross processes, and a Redis outage that sessions d
 import asyncio
 import json
 import re
-import secrets
-import shutil
-import socket
-import subprocess
 import time
 import urllib.parse
 import urllib.request
+from contextlib import ExitStack
 from http.cookiejar import CookieJar
 
 import psycopg
 import pytest
 import websockets
 
-from .live import LiveServer, free_port
-
-PG = "postgresql://postgres@127.0.0.1:5432"
-
-
-class Redis:
-    """Our own redis-server on a free port, to stop and start at will."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.start()
-
-    def start(self):
-        self.process = subprocess.Popen([shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1",
-                                         "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
-        for _ in range(100):
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self):
-        self.process.terminate()
-        self.process.wait(10)
+from pool.testing import LiveServer, RedisServer, postgres_database
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    name = f"s2s_scale_{secrets.token_hex(4)}"
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as db:
-        db.execute(f"CREATE DATABASE {name}")
-    redis = Redis()
-    env = {"DATABASE_URL": f"{PG}/{name}", "REDIS_URL": redis.url, "S2S_BACKEND": "scripted",
-           "S2S_JSON": json.dumps({"RELEASE_AFTER_SECONDS": 1.0, "ALLOW_ANONYMOUS": True})}
-    a = LiveServer(tmp_path_factory.mktemp("a"), pool_size=1, env=env)
-    b = LiveServer(tmp_path_factory.mktemp("b"), pool_size=1, env=env)
-    a.create_admin()
-    try:
-        yield {"a": a, "b": b, "redis": redis, "db": f"{PG}/{name}"}
-    finally:
-        for server in (a, b):
-            server.stop()
-        redis.stop()
-        with psycopg.connect(f"{PG}/postgres", autocommit=True) as db:
-            db.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    with ExitStack() as stack:
+        database = stack.enter_context(postgres_database())
+        redis = stack.enter_context(RedisServer())
+        env = {"DATABASE_URL": database, "REDIS_URL": redis.url, "S2S_BACKEND": "scripted",
+               "S2S_JSON": json.dumps({"RELEASE_AFTER_SECONDS": 1.0, "ALLOW_ANONYMOUS": True})}
+        a = stack.enter_context(LiveServer(tmp_path_factory.mktemp("a"), pool_size=1, env=env))
+        b = stack.enter_context(LiveServer(tmp_path_factory.mktemp("b"), pool_size=1, env=env))
+        a.create_admin()
+        yield {"a": a, "b": b, "redis": redis, "db": database}
 
 
 def query(cluster, sql, *args):

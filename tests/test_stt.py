@@ -13,7 +13,6 @@ from realtime.client import load_audio
 from .helpers import AUDIO_DIR, HOTWORDS, JFK, JFK_WORDS, normalise
 
 
-
 def _16k(path):
     return soxr.resample(load_audio(path), 24_000, 16_000).astype(np.float32)
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pool import messages as m
-from pool.backends.vad import SileroVAD
 from pool.backends.scripted import load_scripted
+from pool.backends.vad import SileroVAD
 from pool.conf import DEFAULTS
 from pool.stages import STTStage, VADStage
 from realtime import session_config as sc
@@ -85,6 +85,7 @@ def test_invalid_base64_and_odd_pcm_are_rejected_and_the_stream_goes_on(backends
 
 def test_shared_model_keeps_streams_independent(backends):
     import numpy as np
+
     from realtime.client import load_audio
 
     vad: SileroVAD = backends.vad

@@ -5,7 +5,6 @@ import threading
 
 import numpy as np
 
-from . import TTS_RATE
 from .onnx import cpu_session
 
 # OpenAI voice names -> Kokoro v1.0 voices shipped in pool/data/voices. A client that asks for any

@@ -10,7 +10,7 @@ from daphne.endpoints import build_endpoint_description_strings
 from daphne.server import Server
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
 from pool.conf import get_config, set_for_process
@@ -18,6 +18,15 @@ from pool.prepare import PreparationError
 from pool.registry import build_registry, set_registry
 
 log = logging.getLogger("pool")
+
+_TASKS = set()  # the tasks runpool starts on the event loop, referenced until they end
+
+
+def _spawn(coroutine):
+    """Run ``coroutine`` as a task of the running loop, kept referenced until it ends."""
+    task = asyncio.ensure_future(coroutine)
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
 
 
 class Command(BaseCommand):
@@ -30,6 +39,10 @@ class Command(BaseCommand):
         parser.add_argument("--allow-anonymous", action="store_true",
                             help="serve clients without an API key (the local quick start; "
                                  "S2S['ALLOW_ANONYMOUS'] = True does the same)")
+        parser.add_argument("--public-url",
+                            help="where clients reach this process, e.g. wss://voice.example.com/a "
+                                 "(default: S2S['PUBLIC_URL'], else ws://HOST:PORT for a --host that "
+                                 "names one address); client secrets send their clients there")
         parser.add_argument("--migrate", action=argparse.BooleanOptionalAction, default=None,
                             help="apply pending migrations before serving (default: on for SQLite only; "
                                  "a shared database is migrated once, by the operator)")
@@ -37,6 +50,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if options["allow_anonymous"]:
             set_for_process(ALLOW_ANONYMOUS=True)
+        public_url = options["public_url"] or get_config()["PUBLIC_URL"] or self._own_url(options)
+        set_for_process(PUBLIC_URL=public_url)
         config = get_config()
         size = options["pool_size"] or config["POOL_SIZE"]
         if size < 1:
@@ -70,6 +85,15 @@ class Command(BaseCommand):
             log.info("pool stopped")
 
     @staticmethod
+    def _own_url(options):
+        """``ws://host:port`` when ``--host`` names one address; None for a wildcard (0.0.0.0,
+        ::), which says nothing of how clients reach it."""
+        host = options["host"]
+        if host in ("0.0.0.0", "::", ""):
+            return None
+        return f"ws://{f'[{host}]' if ':' in host else host}:{options['port']}"
+
+    @staticmethod
     def _migrate(migrate):
         """Apply pending migrations (``migrate`` None: only on SQLite, a database of its own) or
         stop with one line saying so - never a traceback from the first query of a fresh database."""
@@ -93,19 +117,46 @@ class Command(BaseCommand):
                 return
             log.info("%s: closing sessions and draining", signal.Signals(signum).name)
             registry.accepting = False
-            reactor.callFromThread(lambda: asyncio.ensure_future(self._shutdown(registry, config)))
+            registry.records.process_draining()  # no reservations for a process about to go
+            reactor.callFromThread(_spawn, self._shutdown(registry, config))
+
+        def on_drain():  # from any thread (pool.registry.start_draining)
+            registry.records.process_draining()
+            reactor.callFromThread(_spawn, self._stop_when_drained(registry))
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        registry.drain_listeners.append(on_drain)
         from pool.control import serve_control
 
         reactor.callWhenRunning(
-            lambda: asyncio.ensure_future(serve_control(registry, registry.records.control_channel)))
+            _spawn, serve_control(registry, registry.records.control_channel))
         log.info("pool of %d units serving on http://%s:%d (WebSocket /v1/realtime)", size,
                  options["host"], options["port"])
         if config["ALLOW_ANONYMOUS"] is True:
             log.warning("clients without an API key are served (ALLOW_ANONYMOUS): for a machine of "
                         "your own, not behind a public proxy")
+
+    @staticmethod
+    async def _stop_when_drained(registry):
+        """A drained process stops once its sessions have ended and its units have drained, and
+        no client secret still holds one of its units; a signal meanwhile stops it sooner."""
+        from channels.db import database_sync_to_async
+        from twisted.internet import reactor
+
+        from pool.admission import reserved_indices
+
+        while registry.accepting:
+            if await asyncio.to_thread(registry.wait_settled, 1.0):
+                try:
+                    if not await database_sync_to_async(reserved_indices)(registry.records.process_id):
+                        break
+                except DatabaseError:  # the reservations cannot be read: wait for the database
+                    await asyncio.sleep(1.0)
+        if registry.accepting:
+            log.info("drained: every session has ended; stopping")
+            registry.accepting = False
+            reactor.stop()
 
     @staticmethod
     async def _shutdown(registry, config):

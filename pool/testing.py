@@ -1,0 +1,176 @@
+"""Test support for projects that serve the pool: live ``runpool`` servers and the Redis and
+PostgreSQL databases that several of them share (as ``daphne.testing`` serves Daphne's tests).
+
+Each is a context manager that stops what it started; ``contextlib.ExitStack`` starts several
+in sequence and stops them in reverse, also when one of them fails to start::
+
+    with ExitStack() as stack:
+        url = stack.enter_context(postgres_database())
+        a = stack.enter_context(LiveServer(tmp / "a", env={"DATABASE_URL": url}))
+
+Used by this repository's tests and benchmarks (``bench/``); nothing here runs in a server.
+"""
+
+import os
+import secrets
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]  # this checkout: manage.py and s2s_project
+AUDIO_DIR = PROJECT_DIR.parent / "shared" / "audio"  # the recordings tests and benchmarks use
+POSTGRES = "postgresql://postgres@127.0.0.1:5432"  # the machine's server, trust auth (the CI's)
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, what="the condition", interval=0.1):
+    """Call ``predicate()`` every ``interval`` s until it returns something true, and return
+    that. Raises AssertionError naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(interval)
+    return result
+
+
+def port_open(port, host="127.0.0.1"):
+    with socket.socket() as s:
+        return s.connect_ex((host, port)) == 0
+
+
+class LiveServer:
+    """``manage.py runpool`` in a subprocess with its own SQLite file (unless ``env`` names a
+    ``DATABASE_URL``), ready once /healthz answers. A context manager: SIGTERM at exit."""
+
+    ADMIN = ("admin", "admin-pw")
+
+    def __init__(self, folder, pool_size=1, env=None, args=("--allow-anonymous",), prefix="", migrate=True,
+                 project_dir=PROJECT_DIR, port=None):
+        """``folder``: where its database, log and media go. ``args``: runpool's options beyond
+        port and pool size; by default those of the local quick start (``make serve``).
+        ``prefix``: where the host project mounts the apps ("" for s2s_project, "/voice").
+        ``migrate=False``: leave a fresh database to runpool. ``project_dir``: the folder of the
+        ``manage.py`` to run. Raises RuntimeError (with the log's tail) if it does not start."""
+        folder = Path(folder)
+        self.port = port or free_port()
+        self.prefix = prefix
+        self.project_dir = project_dir
+        self.base_url = f"ws://127.0.0.1:{self.port}{prefix}/v1"
+        self.db = folder / "db.sqlite3"
+        self.log = folder / "server.log"
+        self.media = folder / "media"  # recordings (RECORD_AUDIO)
+        self.env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), "DJANGO_MEDIA_ROOT": str(self.media),
+                    **(env or {})}
+        if migrate:
+            self.manage("migrate", "--noinput", "-v0")
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
+                 str(pool_size), *args], cwd=project_dir, env=self.env, stdout=log, stderr=log)
+        deadline = time.monotonic() + 300
+        while not self._healthy():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.process.kill()
+                raise RuntimeError(f"runpool did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.process.poll() is None:
+            self.stop()
+
+    def _healthy(self):
+        try:
+            with urllib.request.urlopen(f"{self.http_url}{self.prefix}/healthz", timeout=1) as reply:
+                return reply.status == 200
+        except OSError:
+            return False
+
+    def manage(self, *args, env=None):
+        """Run a management command against this server's database; returns its stdout."""
+        run = subprocess.run([sys.executable, "manage.py", *args], cwd=self.project_dir,
+                             env={**self.env, **(env or {})}, capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{run.stderr[-3000:]}")
+        return run.stdout
+
+    def create_admin(self):
+        """A superuser ``ADMIN`` in this server's database."""
+        self.manage("createsuperuser", "--noinput", env={
+            "DJANGO_SUPERUSER_USERNAME": self.ADMIN[0], "DJANGO_SUPERUSER_PASSWORD": self.ADMIN[1],
+            "DJANGO_SUPERUSER_EMAIL": "admin@example.com"})
+
+    @property
+    def http_url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self, timeout=30):
+        """SIGTERM; returns the exit code. Raises RuntimeError if it does not stop in time."""
+        self.process.terminate()
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise RuntimeError(f"runpool did not stop on SIGTERM within {timeout} s") from None
+
+    def query(self, sql):
+        """Rows of ``sql`` on its SQLite database."""
+        with sqlite3.connect(self.db) as db:
+            return db.execute(sql).fetchall()
+
+
+class RedisServer:
+    """A redis-server of its own on a free port (no persistence), to stop and start at will.
+    A context manager: stopped at exit."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.start()
+
+    def start(self):
+        self.process = subprocess.Popen([shutil.which("redis-server"), "--port", str(self.port), "--bind",
+                                         "127.0.0.1", "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)
+        wait_until(lambda: port_open(self.port), 5, "redis-server listening", interval=0.05)
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.process.poll() is None:
+            self.stop()
+
+
+@contextmanager
+def postgres_database(server=POSTGRES):
+    """A new, empty database on ``server`` for the duration; yields its URL, then drops it
+    (closing what is still connected)."""
+    import psycopg
+
+    name = f"s2s_test_{secrets.token_hex(4)}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as db:
+        db.execute(f"CREATE DATABASE {name}")
+    try:
+        yield f"{server}/{name}"
+    finally:
+        with psycopg.connect(f"{server}/postgres", autocommit=True) as db:
+            db.execute(f"DROP DATABASE {name} WITH (FORCE)")
