@@ -5,6 +5,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 
 from pool.backends.tts import OPENAI_VOICES
+from pool.auth import anonymous_allowed
 from pool.conf import get_config
 
 
@@ -15,6 +16,8 @@ def talk(request):
     return render(request, "realtime/talk.html", {
         "endpoint": config["REALTIME_PATH"],
         "health_url": reverse("s2s-health"),
+        "secret_url": reverse("s2s-user-client-secret"),
+        "keys_required": not anonymous_allowed(),
         "voices": list(OPENAI_VOICES),
         "default_voice": config["DEFAULT_VOICE"],
         "instructions": config["DEFAULT_INSTRUCTIONS"],

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import soundfile
 
+from pool.testing import LiveServer
 from realtime.client import load_audio
 
 from .browser import admin_login, browser, screenshot_path
@@ -81,3 +82,36 @@ def test_a_full_pool_is_a_clear_message_in_the_page(scripted_server):
     finally:
         release.set()
         holder.join(30)
+
+
+@pytest.mark.live
+def test_on_a_server_that_needs_keys_a_logged_in_user_talks_through_a_client_secret(tmp_path):
+    """The page asks its site for a client secret (POST /client_secret, the user's login and
+    CSRF token) and connects with it; the browser never sees an API key. A visitor who is not
+    logged in is told to log in."""
+    flags = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream"]
+    with LiveServer(tmp_path, env={"S2S_BACKEND": "scripted"}, args=()) as live, browser(flags) as chromium:
+        live.create_admin()
+        visitor = chromium.new_context()
+        visitor.grant_permissions(["microphone"], origin=live.http_url)
+        page = visitor.new_page()
+        page.goto(live.http_url + "/")
+        page.click("#connect")
+        page.wait_for_function("document.getElementById('status').dataset.kind === 'error'", timeout=15_000)
+        assert "Log in" in page.inner_text("#status")
+
+        member = chromium.new_context()
+        member.grant_permissions(["microphone"], origin=live.http_url)
+        page = member.new_page()
+        admin_login(page, live, "/admin/")
+        page.goto(live.http_url + "/")
+        page.fill("#instructions", "Answer like a lighthouse keeper.")
+        page.click("#connect")
+        page.wait_for_function("window.s2s.stats.appends > 10", timeout=30_000)
+        stats = page.evaluate("window.s2s.stats")
+        page.click("#disconnect")
+        rows = live.query("SELECT s.used_at IS NOT NULL, u.username, s.session FROM pool_clientsecret s "
+                          "JOIN auth_user u ON u.id = s.user_id")
+    assert stats["clientSecrets"] == 1
+    assert [(used, user) for used, user, _ in rows] == [(1, "admin")]
+    assert "lighthouse keeper" in rows[0][2]

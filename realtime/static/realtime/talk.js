@@ -8,7 +8,7 @@ const $ = (id) => document.getElementById(id);
 
 // Read by the browser tests; also handy in the console.
 const s2s = (window.s2s = {
-  stats: { appends: 0, audioDeltas: 0, scheduledSamples: 0, userTranscripts: 0, assistantDeltas: 0, interruptions: 0,
+  stats: { appends: 0, clientSecrets: 0, audioDeltas: 0, scheduledSamples: 0, userTranscripts: 0, assistantDeltas: 0, interruptions: 0,
            completed: 0 },
   events: [],
 });
@@ -127,8 +127,27 @@ let agentLine = null;
 const ERROR_TEXT = {
   session_limit_reached: 'Every voice unit is busy. Try again in a moment.',
   invalid_api_key: 'The API key was refused.',
-  missing_api_key: 'This server needs an API key.',
+  missing_api_key: 'This server needs an API key, or log in to this site.',
+  login_required: 'Log in to this site to talk, or enter an API key.',
 };
+
+// A server that requires keys gives a logged-in user of its site a client secret instead
+// (POST data-secret-url, realtime.client_secrets): the browser never holds an API key. The
+// secret's session starts with the voice and instructions chosen here; its connect_url names the
+// server process that holds the unit reserved for it.
+async function clientSecret() {
+  const csrf = document.cookie.split('; ').find((c) => c.startsWith('csrftoken='))?.split('=')[1];
+  const reply = await fetch($('app').dataset.secretUrl, {
+    method: 'POST',
+    credentials: 'same-origin',
+    headers: {'Content-Type': 'application/json', 'X-CSRFToken': csrf || ''},
+    body: JSON.stringify({session: {instructions: $('instructions').value,
+                                    audio: {output: {voice: $('voice').value}}}}),
+  });
+  const body = await reply.json();
+  if (!reply.ok) throw Object.assign(new Error(body.error.message), {code: body.error.code});
+  return body;
+}
 
 function handle(event) {
   s2s.events.push(event.type);
@@ -176,10 +195,23 @@ function handle(event) {
 async function connect() {
   const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
   const protocols = ['realtime'];
+  let url = `${scheme}://${location.host}${$('app').dataset.endpoint}`;
   const key = $('api-key').value.trim();
-  if (key) protocols.push(`openai-insecure-api-key.${key}`);
   lastError = null;
-  ws = new WebSocket(`${scheme}://${location.host}${$('app').dataset.endpoint}`, protocols);
+  if (key) {
+    protocols.push(`openai-insecure-api-key.${key}`);
+  } else if ($('app').dataset.keysRequired === 'true') {
+    try {
+      const secret = await clientSecret();
+      protocols.push(`openai-insecure-api-key.${secret.value}`);
+      url = secret.connect_url;
+      s2s.stats.clientSecrets += 1;
+    } catch (error) {
+      status(ERROR_TEXT[error.code] || `No session: ${error.message}`, 'error');
+      return;
+    }
+  }
+  ws = new WebSocket(url, protocols);
   $('connect').disabled = true;
   status('Connecting…');
   ws.onmessage = (message) => handle(JSON.parse(message.data));
