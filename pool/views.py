@@ -41,7 +41,7 @@ def _forbidden():
 def pool_status(request):
     """``GET /v1/pool``: this process's pool, for staff users or the ``STATUS_TOKEN`` bearer.
 
-    ``{"pool_size", "process_id", "accepting", "units": [{"index", "state", "session_id",
+    ``{"pool_size", "process_id", "accepting", "draining" (``manage.py drain_process``), "units": [{"index", "state", "session_id",
     "state_since" (Unix seconds), "seconds_in_state", "input_lag_max_ms"}], "transcription_languages",
     "voice_languages", "voices"}`` (what the loaded models hear and speak); 403 for others.
     """
@@ -51,7 +51,8 @@ def pool_status(request):
     now = time.time()
     units = [{**u, "seconds_in_state": round(now - u["state_since"], 3)} for u in registry.snapshot()]
     return JsonResponse({"pool_size": len(units), "process_id": registry.records.process_id,
-                         "accepting": registry.accepting, "units": units, **registry.speaks})
+                         "accepting": registry.accepting, "draining": registry.process_draining,
+                         "units": units, **registry.speaks})
 
 
 def metrics(request):

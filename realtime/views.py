@@ -4,8 +4,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 
-from pool.backends.tts import OPENAI_VOICES
 from pool.auth import anonymous_allowed
+from pool.backends.tts import OPENAI_VOICES
 from pool.conf import get_config
 
 

@@ -152,7 +152,8 @@ class Command(BaseCommand):
                     if not await database_sync_to_async(reserved_indices)(registry.records.process_id):
                         break
                 except DatabaseError:  # the reservations cannot be read: wait for the database
-                    await asyncio.sleep(1.0)
+                    pass
+                await asyncio.sleep(1.0)  # a secret still holds a unit: it is used or expires
         if registry.accepting:
             log.info("drained: every session has ended; stopping")
             registry.accepting = False
