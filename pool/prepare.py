@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 VOICES_DIR = Path(__file__).resolve().parent / "data" / "voices"
 
-# sha256 of every input and output, from docs/MODELS.md and the files themselves.
+# sha256 of every input and output (the one place; docs/MODELS.md says where each file comes from).
 KOKORO_ONNX_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"
 SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 SMART_TURN_SHA256 = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"

@@ -3,8 +3,8 @@
 faster-whisper pads every input to Whisper's 30 s window before encoding, so a 2 s turn costs as
 much as a 30 s one. A turn here is short, so ``WhisperSTT`` encodes a window just long enough for
 it (``encoder_frames``) and decodes greedily with CTranslate2, using faster-whisper's own feature
-extractor, tokenizer and prompt layout. Measured on tiny.en (docs/MODELS.md of the shared docs,
-"Faster stages"): 0.26-0.35 s -> 0.07-0.17 s a turn, word error rate 5.7 % -> 6.3 % on 80
+extractor, tokenizer and prompt layout. Measured on tiny.en (BENCHMARKS.md §1a, and
+the team's model notes that docs/MODELS.md summarises): 0.26-0.35 s -> 0.07-0.17 s a turn, word error rate 5.7 % -> 6.3 % on 80
 utterances. Audio over ``SHORT_WINDOW_MAX_SECONDS`` takes faster-whisper's ordinary 30 s path.
 """
 
@@ -21,7 +21,7 @@ from . import SPEECH_RATE  # Whisper takes the VAD's 16 kHz audio as it is
 FRAMES_PER_SECOND = 100  # Whisper's log-mel hop is 10 ms
 FULL_WINDOW_FRAMES = 3000  # Whisper's 30 s window
 # A window within about 1 s of the audio makes Whisper repeat itself; 4 s of margin and a 10 s
-# floor did not, on 80 utterances (MODELS.md, "Faster stages").
+# floor did not, on 80 utterances (the team's model notes, "Faster stages").
 MIN_WINDOW_SECONDS, WINDOW_MARGIN_SECONDS = 10, 4
 SHORT_WINDOW_MAX_SECONDS = 26.0
 # Decoded tokens allowed per second of audio (fast speech is ~4 tokens/s): a bound on any loop.
