@@ -32,23 +32,6 @@ CLIENT_EVENT_FIELDS = {
 }
 CLIENT_EVENT_TYPES = frozenset(CLIENT_EVENT_FIELDS)
 
-SERVER_EVENT_TYPES = frozenset({
-    "error", "session.created", "session.updated",
-    "input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-    "input_audio_buffer.committed", "input_audio_buffer.cleared",
-    "conversation.item.added", "conversation.item.done", "conversation.item.retrieved",
-    "conversation.item.truncated", "conversation.item.deleted",
-    "conversation.item.input_audio_transcription.delta",
-    "conversation.item.input_audio_transcription.completed",
-    "conversation.item.input_audio_transcription.failed",
-    "response.created", "response.done", "response.output_item.added", "response.output_item.done",
-    "response.content_part.added", "response.content_part.done",
-    "response.output_audio.delta", "response.output_audio.done",
-    "response.output_audio_transcript.delta", "response.output_audio_transcript.done",
-    "response.output_text.delta", "response.output_text.done",
-    "response.function_call_arguments.delta", "response.function_call_arguments.done",
-})
-
 
 def parse_client_frame(text_data=None, bytes_data=None):
     """Return the client event dict of one WebSocket frame. Raises ProtocolError."""
