@@ -174,3 +174,44 @@ def postgres_database(server=POSTGRES):
     finally:
         with psycopg.connect(f"{server}/postgres", autocommit=True) as db:
             db.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def run_stage(stage, messages, inbox=None, on_forward=None, timeout=5.0, ctx=None):
+    """Run a pipeline stage as its unit thread would, for a test of that stage alone (as
+    pipecat's ``run_test`` runs a processor). Returns ``(emitted, forwarded)``: the unit events
+    it emitted to the session, and the messages it put on the next stage's queue, in order.
+
+    ``stage``: built with ``inbox`` (a ``queue.Queue``) as its next stage's queue, if it has one.
+    Each of ``messages`` goes to ``stage.handle(ctx, message)`` on a thread of its own, one after
+    another. ``on_forward(message)``, when given, is called for each forwarded message as it
+    comes, on the caller's thread: a stand-in next stage (e.g. one that speaks each phrase at
+    once with ``job.phrase_spoken()``, or cancels the job). ``ctx``: a
+    ``pool.messages.SessionContext`` (default: a new one). Raises TimeoutError when a message is
+    still being handled after ``timeout`` seconds.
+    """
+    import queue
+    import threading
+
+    from .messages import SessionContext
+
+    emitted, forwarded = [], []
+    ctx = ctx or SessionContext(emitted.append)
+    for message in messages:
+        worker = threading.Thread(target=stage.handle, args=(ctx, message), daemon=True)
+        worker.start()
+        deadline = time.monotonic() + timeout
+        while worker.is_alive() or (inbox is not None and not inbox.empty()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{type(stage).__name__} still handles {type(message).__name__} after {timeout} s")
+            try:
+                _ctx, item = inbox.get(timeout=0.01) if inbox is not None else (None, None)
+            except queue.Empty:
+                continue
+            if item is None:
+                worker.join(0.01)
+                continue
+            forwarded.append(item)
+            if on_forward is not None:
+                on_forward(item)
+        worker.join()
+    return emitted, forwarded

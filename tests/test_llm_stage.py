@@ -1,8 +1,8 @@
 """The LLM stage on the scripted LLM: it pauses after each phrase until TTS has spoken it, by
-stopping and resuming a backend that resumes (llama.cpp) and by blocking one that does not."""
+stopping and resuming a backend that resumes (llama.cpp) and by blocking one that does not; and
+what it hands the TTS around a function call."""
 
 import queue
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -11,15 +11,9 @@ from pool import messages as m
 from pool.backends.llm import LLMRequest
 from pool.backends.scripted import SCRIPT, ScriptedLLM
 from pool.stages import LLMStage
+from pool.testing import run_stage
 
 REPLY = "Sure, I can help with that. Paris is the capital of France."
-
-
-class Ctx:
-    closed = False
-
-    def emit(self, event):
-        pass
 
 
 @pytest.fixture
@@ -36,21 +30,20 @@ def _job(max_tokens=50):
 
 
 def _run(llm, job, on_phrase=None):
-    """Runs the stage in a thread, with a stand-in TTS that speaks each phrase at once; before
-    it does, ``on_phrase(job, index)`` is called (it may cancel). Returns what the stage sent."""
+    """The stage on ``job`` (``pool.testing.run_stage``), with a stand-in TTS that speaks each
+    phrase at once; before it does, ``on_phrase(job, index)`` is called (it may cancel).
+    Returns what the stage sent the TTS."""
     inbox = queue.Queue()
-    stage = LLMStage(SimpleNamespace(llm=llm), inbox)
-    thread = threading.Thread(target=stage.handle, args=(Ctx(), job))
-    thread.start()
-    sent = []
-    while not sent or not isinstance(sent[-1], m.JobEnd):
-        sent.append(inbox.get(timeout=5)[1])
-        if isinstance(sent[-1], m.Phrase):
-            index = sum(isinstance(s, m.Phrase) for s in sent) - 1
+    phrases = []
+
+    def tts(message):
+        if isinstance(message, m.Phrase):
             if on_phrase:
-                on_phrase(job, index)
+                on_phrase(job, len(phrases))
+            phrases.append(message)
             job.phrase_spoken()
-    thread.join(5)
+
+    _emitted, sent = run_stage(LLMStage(SimpleNamespace(llm=llm), inbox), [job], inbox, tts)
     return sent
 
 
@@ -101,3 +94,23 @@ def test_a_non_resuming_llm_is_paused_by_blocking_its_stream(script):
     assert len(script.requests) == 1
     # Each phrase was written only after the one before it was spoken.
     assert spoken_before == list(range(len(spoken_before)))
+
+
+class CallingLLM(ScriptedLLM):
+    """Says a sentence, then calls a tool (as a model that announces what it does)."""
+
+    resumes = False
+
+    def generate(self, request, on_text, should_stop, on_function_call=None):
+        for word in ["Let", " me", " check", " the", " weather."]:
+            on_text(word)
+        on_function_call("get_weather", '{"city": "Paris"}', "call_1")
+        return {"input_tokens": 1, "output_tokens": 6}
+
+
+def test_text_said_before_a_function_call_is_spoken_before_it(script):
+    job = _job()
+    sent = _run(CallingLLM(), job)
+    kinds = [(type(s).__name__, getattr(s, "text", getattr(s, "name", None))) for s in sent]
+    assert kinds == [("Phrase", "Let me check the weather."), ("FunctionCall", "get_weather"), ("JobEnd", None)]
+    assert sent[1].call_id == "call_1" and sent[1].arguments == '{"city": "Paris"}'

@@ -1,0 +1,67 @@
+"""The TTS stage alone (``pool.testing.run_stage``) on the scripted TTS: what it emits for each
+phrase, a cancel while a phrase is being synthesized, and a function call between phrases."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from pool import messages as m
+from pool.backends.llm import LLMRequest
+from pool.backends.scripted import SCRIPT, ScriptedTTS
+from pool.stages import TTSStage
+from pool.testing import run_stage
+from realtime.audio import OutputAudioEncoder
+
+
+@pytest.fixture
+def stage():
+    SCRIPT.reset()
+    tts = TTSStage(SimpleNamespace(tts=ScriptedTTS()))
+    yield tts
+    tts.stop()
+    SCRIPT.reset()
+
+
+def job():
+    return m.ResponseJob("resp_1", LLMRequest([], 10), "audio", "alloy", 1.0,
+                         OutputAudioEncoder({"type": "audio/pcm", "rate": 24000}))
+
+
+def test_each_phrase_is_one_audio_event_with_its_words_then_the_reply_finishes(stage):
+    reply = job()
+    emitted, _ = run_stage(stage, [m.Phrase(reply, "Sure, I can help."), m.Phrase(reply, " Paris it is."),
+                                   m.JobEnd(reply, {"output_tokens": 7})])
+    audio = [e for e in emitted if isinstance(e, m.ResponseAudio)]
+    assert [e.transcript for e in audio] == ["Sure, I can help.", " Paris it is."]
+    assert all(e.chunks and e.audio_ms > 0 for e in audio) and reply.phrases_spoken == 2
+    assert isinstance(emitted[-1], m.ResponseFinished) and emitted[-1].usage == {"output_tokens": 7}
+    assert reply.marks.tts_first_audio is not None  # the first phrase's audio is the reply's first
+
+
+def test_a_cancel_during_synthesis_frees_the_stage_at_once_and_sends_nothing_of_the_phrase(stage, monkeypatch):
+    real, synthesized, release = ScriptedTTS.synthesize, threading.Event(), threading.Event()
+
+    def slow(self, text, voice, speed=1.0):
+        release.wait(10)  # one ONNX run cannot be interrupted: this one lasts until released
+        synthesized.set()
+        return real(self, text, voice, speed)
+
+    monkeypatch.setattr(ScriptedTTS, "synthesize", slow)
+    reply = job()
+    threading.Timer(0.1, reply.cancelled.set).start()
+    emitted, _ = run_stage(stage, [m.Phrase(reply, "A long sentence that takes a while.")])
+    assert not synthesized.is_set()  # the stage let go while the synthesis still ran
+    release.set()
+    assert emitted == [] and reply.phrases_spoken == 0
+    emitted, _ = run_stage(stage, [m.JobEnd(reply, {})])  # the reply still ends, without final audio
+    assert [type(e) for e in emitted] == [m.ResponseFinished]
+
+
+def test_a_function_call_between_phrases_keeps_its_place(stage):
+    reply = job()
+    emitted, _ = run_stage(stage, [m.Phrase(reply, "Let me check."), m.FunctionCall(reply, "call_1", "get_weather", "{}"),
+                                   m.JobEnd(reply, {})])
+    kinds = [type(e).__name__ for e in emitted]
+    assert kinds == ["ResponseAudio", "ResponseFunctionCall", "ResponseFinished"]
+    assert emitted[1].call_id == "call_1" and emitted[1].name == "get_weather"
