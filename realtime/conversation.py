@@ -20,29 +20,33 @@ def public(item):
     return {k: copy.deepcopy(v) for k, v in item.items() if not k.startswith("_")}
 
 
+def new_item(kind, status, item_id=None, **fields):
+    """Every item dict is made here: ``{"id", "object": "realtime.item", "type": kind, "status",
+    **fields}`` (a new ``item_...`` id unless ``item_id`` is given)."""
+    return {"id": item_id or new_id("item"), "object": "realtime.item", "type": kind, "status": status, **fields}
+
+
 def user_audio_item(item_id):
     """The user item of a committed audio turn; its transcript comes later."""
-    return {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed",
-            "role": "user", "content": [{"type": "input_audio", "transcript": None}]}
+    return new_item("message", "completed", item_id, role="user",
+                    content=[{"type": "input_audio", "transcript": None}])
 
 
 def assistant_message(modality):
     """A new, in-progress assistant message with one content part for ``modality``."""
     part = {"type": "output_audio", "transcript": ""} if modality == "audio" else {"type": "output_text", "text": ""}
-    return {"id": new_id("item"), "object": "realtime.item", "type": "message",
-            "status": "in_progress", "role": "assistant", "content": [part]}
+    return new_item("message", "in_progress", role="assistant", content=[part])
 
 
 def function_call(call_id, name):
-    return {"id": new_id("item"), "object": "realtime.item", "type": "function_call",
-            "status": "in_progress", "call_id": call_id, "name": name, "arguments": ""}
+    return new_item("function_call", "in_progress", call_id=call_id, name=name, arguments="")
 
 
 def normalise_item(item):
     """A client's item (``conversation.item.create``, ``response.input``) checked and completed
     with ``id``, ``object`` and ``status``. Raises ProtocolError naming the bad field."""
     kind = item.get("type", "message")
-    item = {**copy.deepcopy(item), "id": item.get("id") or new_id("item"), "object": "realtime.item"}
+    item = {**copy.deepcopy(item), **new_item(kind, item.get("status") or "completed", item.get("id"))}
     if kind == "message":
         if item.get("role") not in ("user", "assistant", "system"):
             raise ProtocolError("invalid_value", "item.role must be user, assistant or system.",
@@ -59,8 +63,6 @@ def normalise_item(item):
                 raise ProtocolError("invalid_type", f"item.{name} must be a string.", param=f"item.{name}")
     else:
         raise ProtocolError("invalid_value", f"Unsupported item type {str(kind)[:50]!r}.", param="item.type")
-    item["type"] = kind
-    item.setdefault("status", "completed")
     return item
 
 
