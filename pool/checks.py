@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from .backends import InvalidBackendError, backend_loader
+from .prepare import PRESETS
 from .states import LIVE_PROCESS_STATES
 
 IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"
@@ -56,6 +57,9 @@ def check_settings(app_configs, **kwargs):
         if isinstance(entries, (list, tuple)) and not all(isinstance(e, str) for e in entries):
             problems.append(Error(f"S2S[{key!r}] must hold strings; got {entries!r}.", id="pool.E005"))
     problems += _check_proxies(user)
+    if user.get("PRESET", "english") not in PRESETS:
+        problems.append(Error(f"S2S['PRESET'] must be one of {', '.join(PRESETS)}; got {user['PRESET']!r}.",
+                              id="pool.E008"))
     if user.get("HISTORY_ON_USER_DELETE", "anonymise") not in ("anonymise", "delete"):
         problems.append(Error("S2S['HISTORY_ON_USER_DELETE'] must be 'anonymise' or 'delete'; got "
                               f"{user['HISTORY_ON_USER_DELETE']!r}.", id="pool.E005"))

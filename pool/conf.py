@@ -32,7 +32,10 @@ DEFAULTS = {
     # Each stage takes a local path; None means the embedded default from installed packages.
     "VAD_MODEL": None,  # a Silero VAD .onnx file
     "STT_MODEL": None,  # a CTranslate2 Whisper folder
-    "STT_LANGUAGE": "en",
+    # The default models: "english" (Whisper tiny.en, English voices) or "multilingual" (Whisper
+    # base with language detection, and Spanish, French, Italian, Portuguese and Hindi voices;
+    # needs the `multilingual` extra). docs/MODELS.md.
+    "PRESET": "english",
     "LLM_MODEL": None,  # a .gguf file (run by llama.cpp) or a transformers checkpoint folder
     # An OpenAI-compatible chat-completions endpoint (vLLM, llama.cpp server, Ollama) instead of
     # the local LLM, e.g. "http://127.0.0.1:11434/v1".
@@ -113,6 +116,19 @@ DEFAULTS = {
     # The STT's prompt for peeks: Whisper writes a listener's "mm-hmm" as words it has been told
     # to expect, not as look-alike words ("And Memhome.").
     "BACKCHANNEL_PROMPT": "Mm-hmm. Uh-huh. Yeah. Okay. Right.",
+    # The same, in the other languages of the multilingual preset: they count while the user
+    # speaks that language (the session's transcription language, else the last one detected).
+    # Compared without accents; Hindi in Devanagari and as Whisper may romanise it.
+    "BACKCHANNEL_WORDS_BY_LANGUAGE": {
+        "es": ["sí", "si", "vale", "claro", "ajá", "ya", "bueno", "vaya", "exacto", "entiendo", "ok", "okay",
+               "ah", "oh", "eh"],
+        "fr": ["oui", "ouais", "d'accord", "ok", "okay", "bon", "bien", "voilà", "exactement", "c'est", "ça",
+               "vrai", "ah", "oh", "hein"],
+        "it": ["sì", "si", "certo", "ok", "okay", "va", "bene", "già", "capito", "esatto", "davvero", "ah", "oh"],
+        "pt": ["sim", "tá", "ok", "okay", "claro", "certo", "entendi", "isso", "exato", "uhum", "aham", "ah", "oh", "é"],
+        "hi": ["हाँ", "हां", "अच्छा", "ठीक", "है", "जी", "हम्म", "ओके", "haan", "han", "accha", "achha", "theek",
+               "thik", "ji", "ok", "okay"],
+    },
     # Defaults of a new session, as in OpenAI's hosted API.
     "DEFAULT_INSTRUCTIONS": (
         "You are a helpful, friendly voice assistant. Answer in one or two short sentences "

@@ -257,6 +257,7 @@ class Transcribed(UnitEvent):
     audio_seconds: float
     stt_seconds: float
     speculative: bool = False  # transcribed at a pause, before the commit
+    language: str | None = None  # ISO 639-1: the session's, or what the STT detected
 
 
 @dataclass

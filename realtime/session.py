@@ -5,9 +5,10 @@
 out through the ``send`` callable it was given. Audio work is submitted to the unit (``port``);
 the unit's stage threads compute and emit events back. Both directions dispatch the same way:
 an event type ``a.b_c`` (or a message class ``BC``) is handled by the method ``_on_a_b_c``
-(``_on_b_c``). Its parts live in their own modules: the items in ``realtime.conversation``, a
-response's parameters and body in ``realtime.responses``, and when speech is a turn and when a
-reply starts in ``realtime.turns``. A response ends in one place, ``_end_response``.
+(``_on_b_c``). Its parts live in their own modules: the items in ``realtime.conversation`` (the
+client's item events in ``realtime.conversation_events``), a response's parameters and body in
+``realtime.responses``, its output items in ``realtime.output``, and when speech is a turn and
+when a reply starts in ``realtime.turns``. A response ends in one place, ``_end_response``.
 """
 
 import copy
@@ -20,6 +21,7 @@ import time
 from pool import messages as m
 from pool import metrics
 from pool.backends.llm import LLMRequest
+from pool.backends.tts import voice_for_language
 from pool.ids import new_id
 from pool.records import NoRecords
 from pool.timings import Marks, TurnTimings
@@ -27,10 +29,12 @@ from pool.timings import Marks, TurnTimings
 from . import conversation as conv
 from . import session_config as sc
 from .audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
+from .conversation_events import ConversationEvents
 from .errors import ProtocolError
 from .events import require
 from .history import SessionHistory
-from .responses import Response, response_params
+from .output import ResponseOutput
+from .responses import Response, response_params, with_reply_language
 from .turns import TurnTaking
 
 log = logging.getLogger(__name__)
@@ -44,7 +48,7 @@ def _pipeline_handler_name(event_type):
     return "_on_" + _CAMEL.sub("_", event_type.__name__).lower()
 
 
-class RealtimeSession:
+class RealtimeSession(ConversationEvents, ResponseOutput):
     """One client's session on one unit.
 
     ``port``: the unit, with ``submit(msg) -> bool``; ``send(event_dict)``: queues a server event;
@@ -67,7 +71,9 @@ class RealtimeSession:
                                          defaults["voice"], defaults.get("turn_detection", "server_vad"))
         self.conversation = conv.Conversation()
         self.turns = TurnTaking(self, defaults.get("interrupt_min_speech_ms", 0),
-                                defaults.get("backchannel_words", ()), defaults.get("backchannel_prompt"))
+                                defaults.get("backchannel_words", ()), defaults.get("backchannel_prompt"),
+                                defaults.get("backchannel_words_by_language"))
+        self._turn_language = None  # of the latest user turn: the next reply's language
         self.response = None  # the active Response
         # The session row's counters (pool.models.Session), reported when the session ends.
         self.stats = {"turns": 0, "responses": 0, "completed_responses": 0, "cancelled_responses": 0,
@@ -151,6 +157,7 @@ class RealtimeSession:
         config = sc.apply_update(self.config, update)
         sc.check_languages(config, self._speaks)
         self.config = config
+        self.turns.language = (config["audio"]["input"]["transcription"] or {}).get("language") or self._turn_language
         self._configure_input()
         if self.config["audio"]["input"]["turn_detection"] is None:
             self.turns.input_reset()  # manual turns: the VAD no longer ends speech
@@ -167,56 +174,6 @@ class RealtimeSession:
 
     def _on_input_audio_buffer_clear(self, event):
         self.submit(m.ClearInput(event.get("event_id")))
-
-    def _on_conversation_item_create(self, event):
-        item = require(event, "item", dict)
-        previous = require(event, "previous_item_id", str, optional=True)
-        if previous is not None and previous != "root" and previous not in self.items:
-            raise ProtocolError("item_not_found", f"Item with id '{previous}' not found.",
-                                param="previous_item_id")
-        item = conv.normalise_item(item)
-        if item["id"] in self.items:
-            raise ProtocolError("item_already_exists", f"Item '{item['id']}' already exists.",
-                                param="item.id")
-        if item["type"] == "function_call_output" and not self.conversation.has_call(item["call_id"]):
-            raise ProtocolError("invalid_tool_call_id", f"No function call with call_id "
-                                f"'{item['call_id'][:100]}' in the conversation.", param="item.call_id")
-        self._insert_item(item, previous)
-        self.history.item(item)
-
-    def _on_conversation_item_retrieve(self, event):
-        item = self.conversation.get(require(event, "item_id", str))
-        self.send("conversation.item.retrieved", item=conv.public(item))
-
-    def _on_conversation_item_delete(self, event):
-        item_id = require(event, "item_id", str)
-        self.conversation.delete(item_id)
-        self.send("conversation.item.deleted", item_id=item_id)
-
-    def _on_conversation_item_truncate(self, event):
-        item = self.conversation.get(require(event, "item_id", str))
-        content_index = require(event, "content_index", int)
-        audio_end_ms = require(event, "audio_end_ms", int)
-        if item.get("role") != "assistant" or not item["content"] or content_index != 0:
-            raise ProtocolError("invalid_value", "Only an assistant audio item's content 0 can be "
-                                "truncated.", param="content_index")
-        playing = self.response if self.response and self.response.item is item else None
-        heard = playing.audio_ms if playing else item.get("_audio_ms", 0)
-        if not 0 <= audio_end_ms <= heard:
-            raise ProtocolError("invalid_value", f"audio_end_ms must be between 0 and the item's "
-                                f"audio sent so far ({int(heard)} ms).", param="audio_end_ms")
-        if playing:
-            # Still being spoken: stop its speech now; the transcript is cut when it closes, and
-            # the response ends at response.cancel or when its stages have stopped.
-            playing.truncated_ms = audio_end_ms
-            playing.job.cancelled.set()
-            self.turns.response_truncated()
-        else:
-            part = item["content"][0]
-            part["transcript"] = conv.cut_transcript(part.get("transcript") or "", audio_end_ms, heard)
-            item["_audio_ms"] = audio_end_ms
-        self.send("conversation.item.truncated", item_id=item["id"], content_index=0,
-                  audio_end_ms=audio_end_ms)
 
     def _on_response_create(self, event):
         overrides = require(event, "response", dict, optional=True, default={})
@@ -244,14 +201,6 @@ class RealtimeSession:
         language = (audio_in["transcription"] or {}).get("language")
         self.submit(m.ConfigureInput(self._decoder, sc.vad_settings(audio_in["turn_detection"]), language))
 
-    def _insert_item(self, item, previous_item_id=None):
-        """Add an item (see ``Conversation.insert``) and announce it."""
-        before = self.conversation.insert(item, previous_item_id)
-        public = conv.public(item)
-        self.send("conversation.item.added", previous_item_id=before, item=public)
-        if item.get("status") == "completed":
-            self.send("conversation.item.done", previous_item_id=before, item=public)
-
     # --- responses -------------------------------------------------------------------------
 
     def create_response(self, overrides, event_id=None, automatic=False):
@@ -264,12 +213,17 @@ class RealtimeSession:
                 "Wait until the response is finished before creating a new one.", event_id=event_id)
         params = response_params(self.config, overrides, self.conversation.get, self._max_tokens_cap)
         response_id = new_id("resp")
-        messages = self.conversation.llm_messages(params["instructions"], params["input"],
-                                                  self.config["truncation"], self._context_chars)
+        # A reply is in the language of the user's latest turn: the LLM is told it (a model that
+        # hears several languages), and it is spoken by a voice of that language.
+        language = self._turn_language if len(self._speaks["transcription_languages"]) > 1 else None
+        messages = self.conversation.llm_messages(with_reply_language(params["instructions"], language),
+                                                  params["input"], self.config["truncation"], self._context_chars)
         request = LLMRequest(messages, params["max_tokens"], params["tools"], params["tool_choice"])
         audio_out = self.config["audio"]["output"]
+        voice = audio_out["voice"] if language is None else voice_for_language(
+            audio_out["voice"], language, self._speaks["voices"])
         # The marks of the voice turn it answers travel with it (the next turn may start).
-        job = m.ResponseJob(response_id, request, params["modality"], audio_out["voice"],
+        job = m.ResponseJob(response_id, request, params["modality"], voice,
                             audio_out["speed"], OutputAudioEncoder(audio_out["format"]),
                             marks=self._turn_marks)
         response = Response(response_id, job, params["conversation"], params["metadata"],
@@ -304,55 +258,6 @@ class RealtimeSession:
             log.info("turn timings %s %s", response.id, json.dumps(timings.as_dict()))
             metrics.turn(timings)
         self.turns.response_ended(response, status, (details or {}).get("reason"))
-
-    def _add_output(self, response, item):
-        self.history.opened(item["id"])
-        response.output.append(item)
-        if response.in_conversation:
-            previous = self.conversation.last_id()
-            self.items[item["id"]] = item
-            self.send("conversation.item.added", previous_item_id=previous, item=conv.public(item))
-        self.send("response.output_item.added", response_id=response.id,
-                  output_index=len(response.output) - 1, item=conv.public(item))
-
-    def _finish_output(self, response, item, status):
-        item["status"] = status
-        self.send("response.output_item.done", response_id=response.id,
-                  output_index=response.output.index(item), item=conv.public(item))
-        if response.in_conversation:
-            self.send("conversation.item.done", item=conv.public(item))
-        voice = response.job.voice if item["type"] == "message" and response.modality == "audio" else ""
-        self.history.item(item, response.id, voice)
-
-    def _open_item(self, response):
-        item = conv.assistant_message(response.modality)
-        response.item, response.text, response.audio_ms = item, [], 0.0
-        self._add_output(response, item)
-        part = {"type": "audio", "transcript": ""} if response.modality == "audio" else {"type": "text", "text": ""}
-        self.send("response.content_part.added", part=part, **response.where(item))
-
-    def _close_item(self, response, status):
-        item, response.item = response.item, None
-        if item is None:
-            return
-        text = "".join(response.text)
-        audio_ms = response.audio_ms
-        if response.truncated_ms is not None:  # what the user heard, as conversation.item.truncate said
-            text = conv.cut_transcript(text, response.truncated_ms, audio_ms)
-            audio_ms = response.truncated_ms
-        where = response.where(item)
-        if response.modality == "audio":
-            item["content"][0]["transcript"] = text
-            self.send("response.output_audio.done", **where)
-            self.send("response.output_audio_transcript.done", transcript=text, **where)
-            part = {"type": "audio", "transcript": text}
-        else:
-            item["content"][0]["text"] = text
-            self.send("response.output_text.done", text=text, **where)
-            part = {"type": "text", "text": text}
-        self.send("response.content_part.done", part=part, **where)
-        item["_audio_ms"] = audio_ms
-        self._finish_output(response, item, status)
 
     # --- pipeline events -------------------------------------------------------------------
 
@@ -398,6 +303,9 @@ class RealtimeSession:
         self.send_error(ProtocolError(event.code, event.message, event_id=event.event_id, param=event.param))
 
     def _on_transcribed(self, event):
+        self._turn_language = event.language
+        if event.language is not None:
+            self.turns.language = event.language
         self._turn_marks.transcribed = time.perf_counter()  # the latest item's
         self._turn_marks.stt_compute_s = event.stt_seconds
         self._turn_marks.stt_speculative = event.speculative
@@ -410,7 +318,8 @@ class RealtimeSession:
                           content_index=0, delta=event.transcript)
                 self.send("conversation.item.input_audio_transcription.completed",
                           item_id=event.item_id, content_index=0, transcript=event.transcript,
-                          usage={"type": "duration", "seconds": round(event.audio_seconds, 3)})
+                          usage={"type": "duration", "seconds": round(event.audio_seconds, 3)},
+                          **({"language": event.language} if event.language else {}))
         self.history.transcribed(event.item_id)
         self.turns.transcribed(event.item_id)
 
@@ -421,66 +330,6 @@ class RealtimeSession:
                                               "message": event.message, "param": None})
         self.history.transcribed(event.item_id)
         self.turns.transcribed(event.item_id)
-
-    def _active(self, response_id):
-        return self.response if self.response and self.response.id == response_id else None
-
-    def _on_response_text(self, event):
-        response = self._active(event.response_id)
-        if response is None:
-            return
-        if response.item is None:
-            self._open_item(response)
-        response.text.append(event.text)
-        self.send("response.output_text.delta", delta=event.text, **response.where(response.item))
-
-    def _on_response_audio(self, event):
-        response = self._active(event.response_id)
-        if response is None or response.truncated_ms is not None:
-            return
-        if response.item is None:
-            self._open_item(response)
-            response.job.marks.reach("first_audio_sent")
-        where = response.where(response.item)
-        if event.transcript:
-            response.text.append(event.transcript)
-            self.send("response.output_audio_transcript.delta", delta=event.transcript, **where)
-        for chunk in event.chunks:
-            self.send("response.output_audio.delta", delta=chunk, **where)
-        if self._recording is not None and event.samples is not None:
-            self._recording.sent(event.samples)
-        response.audio_ms += event.audio_ms
-        self.turns.audio_sent(event.audio_ms)
-        self.stats["audio_out_seconds"] += event.audio_ms / 1000
-
-    def _on_response_finished(self, event):
-        response = self._active(event.response_id)
-        if response is None:
-            return
-        if response.truncated_ms is not None:
-            self.cancel_response("client_cancelled")  # truncated by the client, no cancel came
-            return
-        usage = {"total_tokens": event.usage.get("input_tokens", 0) + event.usage.get("output_tokens", 0),
-                 "input_tokens": event.usage.get("input_tokens", 0),
-                 "output_tokens": event.usage.get("output_tokens", 0)}
-        if event.error:
-            self._end_response("failed", {"type": "failed", "error": {
-                "type": "server_error", "code": "model_error", "message": event.error}}, usage)
-        else:
-            self._end_response("completed", None, usage)
-
-    def _on_response_function_call(self, event):
-        response = self._active(event.response_id)
-        if response is None:
-            return
-        self._close_item(response, "completed")
-        item = conv.function_call(event.call_id, event.name)
-        self._add_output(response, item)
-        where = {**response.where(item, content=False), "call_id": event.call_id}
-        self.send("response.function_call_arguments.delta", delta=event.arguments, **where)
-        item["arguments"] = event.arguments
-        self.send("response.function_call_arguments.done", name=event.name, arguments=event.arguments, **where)
-        self._finish_output(response, item, "completed")
 
     def _on_stage_failed(self, event):
         self.stats["stage_failures"] += 1

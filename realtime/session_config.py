@@ -112,6 +112,7 @@ def session_defaults(config, speaks, model="s2s-default"):
         "interrupt_min_speech_ms": config["INTERRUPT_MIN_SPEECH_MS"],
         "backchannel_words": config["BACKCHANNEL_WORDS"],
         "backchannel_prompt": config["BACKCHANNEL_PROMPT"],
+        "backchannel_words_by_language": config["BACKCHANNEL_WORDS_BY_LANGUAGE"],
         "history_max_items": config["HISTORY_MAX_ITEMS"],
     }
 

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import re
 import time
+import unicodedata
 
 from pool import messages as m
 
@@ -45,13 +46,22 @@ _JOIN = re.compile(r"[-'\u2019]")  # "mm-hmm" -> "mmhmm", "don't" -> "dont"
 # A hum however the STT spells it ("mm-hmm", "mm-huh", "uh-huh", "hmm", "mhm", "mm-hums"): m, h,
 # n and u, and perhaps a plural s.
 _HUM = re.compile(r"^[mhnu]*[mh][mhnu]*s?$")
-_NON_LETTER = re.compile(r"[^a-z]+")
 _OUTPUT = (m.ResponseText, m.ResponseAudio, m.ResponseFunctionCall, m.ResponseFinished)
 
 
 def words(transcript):
-    """Lower-case words of a transcript, letters only (hyphens and apostrophes joined)."""
-    return _NON_LETTER.sub(" ", _JOIN.sub("", transcript.lower())).split()
+    """Lower-case words of a transcript, letters only (hyphens and apostrophes joined), without
+    accents and other non-spacing marks: "Sí, d'accord" -> ["si", "daccord"]; the vowel signs
+    of scripts such as Devanagari (spacing marks) stay in their word."""
+    folded = unicodedata.normalize("NFKD", _JOIN.sub("", transcript.lower()))
+    return "".join(_letter(c) for c in folded).split()
+
+
+def _letter(c):
+    kind = unicodedata.category(c)
+    if kind == "Mn":
+        return ""
+    return c if c.isalpha() or kind == "Mc" else " "
 
 
 def interrupts(peeked, backchannel_words):
@@ -80,14 +90,30 @@ class TurnTaking:
     ``conversation``, ``send``, ``create_response``, ``cancel_response``, ``submit``,
     ``handle_pipeline_event``); ``min_speech_ms``: INTERRUPT_MIN_SPEECH_MS (0: any speech
     interrupts at once, as on OpenAI's service); ``backchannel_words``: BACKCHANNEL_WORDS;
-    ``backchannel_prompt``: BACKCHANNEL_PROMPT, the STT prompt of peeks.
+    ``backchannel_prompt``: BACKCHANNEL_PROMPT, the STT prompt of peeks; ``by_language``:
+    BACKCHANNEL_WORDS_BY_LANGUAGE, whose words count too while the user speaks that language
+    (``language``).
     """
 
-    def __init__(self, session, min_speech_ms, backchannel_words, backchannel_prompt=None):
+    @property
+    def language(self):
+        """The language the user speaks (ISO 639-1; None: unknown), for backchannels."""
+        return self._language
+
+    @language.setter
+    def language(self, language):
+        self._language = language
+        self._backchannels = self._english | self._by_language.get(language, frozenset())
+
+    def __init__(self, session, min_speech_ms, backchannel_words, backchannel_prompt=None, by_language=None):
         self._s = session
         self._min_speech_ms = min_speech_ms
-        self._backchannels = frozenset(backchannel_words)
+        self._english = frozenset(w for word in backchannel_words for w in words(word))
+        self._by_language = {lang: frozenset(w for word in ws for w in words(word))
+                             for lang, ws in (by_language or {}).items()}
+        self._backchannels = self._english
         self._prompt = backchannel_prompt
+        self.language = None
         self.speaking = None  # item id of the user's speech in progress
         self.undecided = {}  # item id -> _Undecided, oldest first
         self._held_output = []  # the reply's events held while speech is undecided

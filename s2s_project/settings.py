@@ -3,7 +3,7 @@
 Environment variables: ``DATABASE_URL`` and ``REDIS_URL`` (PostgreSQL and channels-redis, for
 several processes), ``DJANGO_SECRET_KEY`` (else a random key kept in ``DJANGO_SECRET_KEY_FILE``,
 by default ``~/.config/s2s-realtime/secret_key``), ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` (comma
-separated), ``S2S_POOL_SIZE``, ``S2S_BACKEND``, ``S2S_CACHE_DIR``, ``S2S_LLM_BASE_URL``,
+separated), ``S2S_POOL_SIZE``, ``S2S_BACKEND``, ``S2S_PRESET``, ``S2S_CACHE_DIR``, ``S2S_LLM_BASE_URL``,
 ``S2S_LLM_API_KEY``, ``S2S_LLM_API_MODEL``, and ``S2S_JSON`` (any ``S2S`` keys as a JSON object). Everything the apps read is in the ``S2S`` dict,
 documented in ``pool/conf.py``.
 """
@@ -116,6 +116,11 @@ else:
             # Tests write from several threads (the recorder, the test client): a file waits
             # for a lock where the shared-cache in-memory database fails at once.
             "TEST": {"NAME": BASE_DIR / "test-db.sqlite3"},
+            # Writers (the recorder thread, admission, the admin) take the write lock when their
+            # transaction begins and wait up to 20 s for it, rather than fail with "database is
+            # locked" when a read transaction turns into a write. The recorder's retry stays for
+            # what waiting cannot fix (PostgreSQL down, a full disk).
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
         }
     }
 
@@ -164,6 +169,7 @@ S2S = {
     for key, value in {
         "POOL_SIZE": _env("S2S_POOL_SIZE", int),
         "BACKEND": _env("S2S_BACKEND"),
+        "PRESET": _env("S2S_PRESET"),
         "LLM_BASE_URL": _env("S2S_LLM_BASE_URL"),
         "LLM_API_KEY": _env("S2S_LLM_API_KEY"),
         "LLM_API_MODEL": _env("S2S_LLM_API_MODEL"),

@@ -433,7 +433,9 @@ async def test_every_session_update_value_is_reset_for_the_next_session(recorded
     assert "response.output_audio.delta" in client.types()
     request = SCRIPT.requests[-1]
     assert request.tools == [] and request.max_output_tokens > 3
-    assert request.messages[0]["content"] == defaults["instructions"]
+    # The default instructions, and the turn's language as the (scripted, multilingual) STT
+    # detected it: the first session's "de" is gone.
+    assert request.messages[0]["content"] == defaults["instructions"] + "\n\nThe user speaks English. Answer in English."
     await client.ws.disconnect()
 
 

@@ -338,3 +338,35 @@ async def test_a_language_the_models_cannot_hear_or_speak_is_refused_not_ignored
     assert (await client.until("response.done"))["response"]["status"] == "completed"
     await client.ws.disconnect()
     assert scripted_pool.speaks["transcription_languages"] == ["de", "en"]
+
+
+async def test_the_language_of_a_turn_goes_with_its_transcript_and_reply_and_never_to_the_next_session(
+        connect, scripted_pool):
+    """The scripted STT "detects" SCRIPT.language when the session sets none. A turn's language
+    is in its transcript event (our field) and told to the LLM; a language one session set is not
+    the next session's, on the same unit."""
+    SCRIPT.language = "de"
+    client = await connect()
+    await client.until("session.created")
+    for append in speech_appends():
+        await client.send(append)
+    completed = await client.until("conversation.item.input_audio_transcription.completed", timeout=30)
+    assert completed["language"] == "de"
+    await client.until("response.done", timeout=30)
+    assert SCRIPT.requests[-1].messages[0]["content"].endswith("The user speaks German. Answer in German.")
+    await client.send({"type": "session.update", "session": {
+        "audio": {"input": {"transcription": {"language": "de"}}}}})
+    await client.until("session.updated")
+    await client.ws.disconnect()
+    await asyncio.to_thread(scripted_pool.wait_settled, 10)
+
+    SCRIPT.language, SCRIPT.stt_languages[:] = "en", []
+    client = await connect()  # the same unit: the other one was never used
+    await client.until("session.created")
+    for append in speech_appends():
+        await client.send(append)
+    completed = await client.until("conversation.item.input_audio_transcription.completed", timeout=30)
+    assert completed["language"] == "en" and set(SCRIPT.stt_languages) == {None}
+    await client.until("response.done", timeout=30)
+    assert SCRIPT.requests[-1].messages[0]["content"].endswith("Answer in English.")
+    await client.ws.disconnect()

@@ -22,3 +22,36 @@ def test_what_interrupts_the_assistant(heard, expected):
 
 def test_words_join_hyphens_and_drop_punctuation():
     assert words("Mm-hmm. Don't STOP!") == ["mmhmm", "dont", "stop"]
+
+
+def test_words_of_every_script_without_accents():
+    assert words("Sí, d'accord, ça va. Já!") == ["si", "daccord", "ca", "va", "ja"]
+    assert words("हाँ, ठीक है") == words("हां ठीक है") and len(words("हाँ, ठीक है")) == 3
+
+
+@pytest.mark.parametrize("language, heard, expected", [
+    ("es", "Sí, vale.", False), ("es", "Ajá, claro.", False), ("es", "Espera, para.", True),
+    ("fr", "Oui, d'accord.", False), ("fr", "Ouais, c'est ça.", False), ("fr", "Attendez, arrêtez.", True),
+    ("it", "Sì, certo.", False), ("pt", "Tá, entendi.", False), ("pt", "Espera, pare.", True),
+    ("hi", "हाँ, ठीक है।", False), ("hi", "रुको, रुको।", True),
+])
+def test_backchannels_in_the_languages_of_the_multilingual_preset(language, heard, expected):
+    from realtime.turns import TurnTaking
+
+    turns = TurnTaking(None, 500, DEFAULTS["BACKCHANNEL_WORDS"], None, DEFAULTS["BACKCHANNEL_WORDS_BY_LANGUAGE"])
+    turns.language = language
+    assert interrupts(heard, turns._backchannels) is expected
+    turns.language = "en"  # Spanish backchannels do not count for an English speaker
+    assert interrupts("Sí, vale.", turns._backchannels)
+
+
+def test_a_reply_is_spoken_by_a_voice_of_its_language():
+    from pool.backends.tts import voice_for_language
+
+    voices = {"alloy", "af_alloy", "af_heart", "bm_george", "ef_dora", "ff_siwis"}
+    assert voice_for_language("alloy", "en", voices) == "alloy"  # OpenAI names are English
+    assert voice_for_language("bm_george", "en", voices) == "bm_george"
+    assert voice_for_language("alloy", "es", voices) == "ef_dora"
+    assert voice_for_language("ff_siwis", "fr", voices) == "ff_siwis"
+    assert voice_for_language("alloy", "it", voices) == "alloy"  # no Italian voice loaded
+    assert voice_for_language("ef_dora", None, voices) == "ef_dora"

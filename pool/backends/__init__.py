@@ -44,6 +44,12 @@ class STT(Protocol):
         """The words of ``audio`` (float32 mono at 16 kHz). ``language``: None lets the model
         detect it; ``prompt``: text to bias the spelling (Whisper's initial prompt)."""
 
+    def transcribe_detect(self, audio: np.ndarray, language: str | None = None,
+                          prompt: str | None = None) -> tuple[str, str | None]:
+        """``(transcript, language)``: as ``transcribe``, with the language the words are in
+        (``language`` when given, else what the model detected; None when it cannot say).
+        Optional: without it, a turn's language is the session's."""
+
 
 class LLM(Protocol):
     resumes: bool  # True: the LLM stage pauses a reply by stopping it and continuing from
@@ -119,10 +125,10 @@ def load_default(config):
     from .turn import SmartTurn
     from .vad import SileroVAD
 
-    cache = config["MODEL_CACHE_DIR"]
-    if not is_prepared(cache):
-        prepare(cache)
-    paths = default_paths(cache)
+    cache, preset = config["MODEL_CACHE_DIR"], config["PRESET"]
+    if not is_prepared(cache, preset):
+        prepare(cache, preset=preset)
+    paths = default_paths(cache, preset)
     threads = config["THREADS"]
     started = time.perf_counter()
     backends = Backends(

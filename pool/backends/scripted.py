@@ -25,6 +25,8 @@ class Script:
 
     def reset(self):
         self.transcript = "hello from the scripted backend"
+        self.language = "en"  # the language the STT "detects" when the session sets none
+        self.stt_languages = []  # the language the STT was asked for, each call (None: detect)
         self.peek_transcript = None  # what peeks at speech over the assistant hear (None: transcript)
         self.reply = "This is a scripted reply. It has two sentences."
         self.token_delay = 0.0  # seconds between LLM words
@@ -43,6 +45,10 @@ WEDGE_SECONDS = 120.0
 
 class ScriptedSTT:
     languages = frozenset({"en", "de"})  # as a multilingual model, so session tests may set one
+
+    def transcribe_detect(self, audio, language=None, prompt=None):
+        SCRIPT.stt_languages.append(language)
+        return self.transcribe(audio, language, prompt), language or SCRIPT.language
 
     def transcribe(self, audio, language=None, prompt=None):
         if SCRIPT.stt_error is not None:

@@ -54,6 +54,12 @@ class WhisperSTT:
     def transcribe(self, audio, language=None, prompt=None):
         """Transcript of ``audio`` (float32 mono, 16 kHz). ``language``: ISO code or None;
         ``prompt``: Whisper's initial prompt (text it expects, spelled as it should write it)."""
+        return self.transcribe_detect(audio, language, prompt)[0]
+
+    def transcribe_detect(self, audio, language=None, prompt=None):
+        """``(transcript, language)``: ``language`` as given, else the one a multilingual model
+        detects in this audio (Whisper's language token, from the same encoding), else the only
+        one an English-only model knows."""
         if len(audio) / SPEECH_RATE > SHORT_WINDOW_MAX_SECONDS:
             return self._transcribe_30s(audio, language, prompt)
         return self._transcribe_short(audio, language, prompt)
@@ -71,8 +77,12 @@ class WhisperSTT:
         frames = encoder_frames(seconds)
         features = self.model.feature_extractor(audio)[:, :frames]
         features = np.pad(features, ((0, 0), (0, frames - features.shape[1])))
-        tokenizer = self._tokenizer(language)
         encoded = self.model.model.encode(ctranslate2.StorageView.from_array(features[np.newaxis]))
+        if not self.model.model.is_multilingual:
+            language = "en"
+        elif language is None:  # [[("<|es|>", p), ...]]: the most probable first
+            language = self.model.model.detect_language(encoded)[0][0][0][2:-2]
+        tokenizer = self._tokenizer(language)
         result = self.model.model.generate(
             encoded, [self._prompt(tokenizer, prompt)], beam_size=1,
             max_length=int(MIN_TOKENS + TOKENS_PER_SECOND * seconds), return_scores=True,
@@ -82,9 +92,9 @@ class WhisperSTT:
         tokens = result.sequences_ids[0]
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)  # as faster-whisper
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
-            return ""
+            return "", language
         text = tokenizer.decode(tokens).strip()
-        return text if any(c.isalnum() for c in text) else ""  # "." is Whisper's silence
+        return (text if any(c.isalnum() for c in text) else ""), language  # "." is Whisper's silence
 
     def _prompt(self, tokenizer, prompt):
         """faster-whisper's prompt layout: previous text after <|startofprev|>, then the start
@@ -95,8 +105,8 @@ class WhisperSTT:
         return tokens + list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
 
     def _transcribe_30s(self, audio, language, prompt):
-        segments, _info = self.model.transcribe(
+        segments, info = self.model.transcribe(
             audio, language=language, beam_size=1, vad_filter=False,
             condition_on_previous_text=False, without_timestamps=True, initial_prompt=prompt,
         )
-        return " ".join(segment.text.strip() for segment in segments).strip()
+        return " ".join(segment.text.strip() for segment in segments).strip(), info.language

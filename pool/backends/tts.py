@@ -22,6 +22,11 @@ OPENAI_VOICES = {
     "cedar": "am_onyx",
 }
 DEFAULT_VOICE = "af_heart"
+# The voice that speaks a reply in a language the session's voice does not (docs/PROTOCOL.md).
+LANGUAGE_VOICES = {"en": "af_heart", "es": "ef_dora", "fr": "ff_siwis", "it": "if_sara", "pt": "pf_dora",
+                   "hi": "hf_alpha"}
+# espeak-ng's language for each Kokoro voice prefix (kokoro-onnx phonemizes with espeak-ng).
+ESPEAK_LANGUAGES = {"a": "en-us", "b": "en-gb", "e": "es", "f": "fr-fr", "h": "hi", "i": "it", "p": "pt-br"}
 # A Kokoro voice name starts with its language (Kokoro-82M's VOICES.md): a/b American/British
 # English, e Spanish, f French, h Hindi, i Italian, j Japanese, p Brazilian Portuguese, z Mandarin.
 KOKORO_LANGUAGES = {"a": "en", "b": "en", "e": "es", "f": "fr", "h": "hi", "i": "it", "j": "ja",
@@ -34,6 +39,16 @@ def voice_language(name):
     if re.fullmatch(r"[a-z][fm]_[a-z]+", str(name)):
         return KOKORO_LANGUAGES.get(name[0])
     return None
+
+
+def voice_for_language(voice, language, available):
+    """The voice a reply in ``language`` (ISO 639-1, or None) is spoken with: the session's
+    ``voice`` when it speaks that language (an OpenAI name is English), else ``LANGUAGE_VOICES``'s
+    voice for it when ``available`` has it, else ``voice`` all the same."""
+    if language is None or voice_language(OPENAI_VOICES.get(str(voice).lower(), voice)) == language:
+        return voice
+    fallback = LANGUAGE_VOICES.get(language)
+    return fallback if fallback in available else voice
 
 
 def resolve_voice(name, available):
@@ -65,10 +80,10 @@ class KokoroTTS:
 
     def synthesize(self, text, voice, speed=1.0):
         """Speech for ``text``: float32 mono at 24 kHz (empty array for text with no phonemes)."""
+        voice = self.resolve_voice(voice)
         with self._phonemize_lock:
-            phonemes = self.kokoro.tokenizer.phonemize(text, "en-us")
+            phonemes = self.kokoro.tokenizer.phonemize(text, ESPEAK_LANGUAGES.get(voice[0], "en-us"))
         if not phonemes.strip():
             return np.zeros(0, dtype=np.float32)
-        audio, _rate = self.kokoro.create(phonemes, voice=self.resolve_voice(voice), speed=speed,
-                                          is_phonemes=True)
+        audio, _rate = self.kokoro.create(phonemes, voice=voice, speed=speed, is_phonemes=True)
         return audio.astype(np.float32, copy=False)

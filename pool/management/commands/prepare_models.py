@@ -3,7 +3,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from pool.conf import get_config
-from pool.prepare import PreparationError, is_prepared, prepare
+from pool.prepare import PRESETS, PreparationError, is_prepared, prepare
 
 
 class Command(BaseCommand):
@@ -11,14 +11,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--cache-dir", help="default: S2S['MODEL_CACHE_DIR']")
+        parser.add_argument("--preset", choices=PRESETS, help="default: S2S['PRESET']")
 
     def handle(self, *args, **options):
         cache = options["cache_dir"] or get_config()["MODEL_CACHE_DIR"]
-        if is_prepared(cache):
-            self.stdout.write(f"Model cache in {cache} is ready; nothing to do.")
+        preset = options["preset"] or get_config()["PRESET"]
+        if is_prepared(cache, preset):
+            self.stdout.write(f"Model cache in {cache} is ready ({preset}); nothing to do.")
             return
         try:
-            prepare(cache, progress=True)
+            prepare(cache, progress=True, preset=preset)
         except PreparationError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(self.style.SUCCESS(f"Model cache ready in {cache}"))
