@@ -172,7 +172,9 @@ class ConversationItemInline(HistoryInline):
             return "error (sent)"
         if item.kind != ConversationItem.MESSAGE:
             return item.get_kind_display()
-        return f"{item.role} ({item.voice})" if item.voice else item.role
+        if item.voice or item.language:
+            return f"{item.role} ({item.voice or item.language})"
+        return item.role
 
     @admin.display(description="said")
     def said(self, item):

@@ -218,6 +218,8 @@ class ConversationItem(models.Model):
                                                                            "or heard when truncated.")
     interrupted = models.BooleanField(default=False)
     voice = models.CharField(max_length=64, blank=True)
+    language = models.CharField(max_length=16, blank=True, help_text="Of a user turn: the language it "
+                                "was transcribed in (the session's, or detected).")
     response_id = models.CharField(max_length=64, blank=True)
     data = models.JSONField(help_text="The item in the Realtime API's shape (an error: the error object).")
 

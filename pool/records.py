@@ -47,6 +47,7 @@ class ItemRecord:
     audio_ms: int | None = None
     interrupted: bool = False
     voice: str = ""
+    language: str = ""
     response_id: str = ""
 
 

@@ -90,7 +90,7 @@ class SessionHistory:
             data=_cut(public(item)), audio_start_ms=start, audio_end_ms=end,
             audio_ms=None if audio_ms is None else int(audio_ms),
             interrupted=item.get("role") == "assistant" and item.get("status") == "incomplete",
-            voice=voice, response_id=response_id))
+            voice=voice, language=item.get("_language") or "", response_id=response_id))
 
     def error(self, event_id, error):
         """Keep an ``error`` event sent (``error``: its error object)."""

@@ -312,6 +312,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         item = self.items.get(event.item_id)
         if item is not None:  # else deleted while it was transcribed
             item["content"][0]["transcript"] = event.transcript
+            item["_language"] = event.language
             if self.config["audio"]["input"]["transcription"] is not None:
                 # Whisper transcribes the whole item at once: one delta, then completed.
                 self.send("conversation.item.input_audio_transcription.delta", item_id=event.item_id,

@@ -85,6 +85,9 @@ async def test_speech_in_spanish_and_french_is_heard_and_answered_in_its_languag
     voices = {row[0] for row in live.query(
         f"select voice from pool_conversationitem where session_id = '{session_id}' and role = 'assistant'")}
     assert voices == {SPEECH[language][0]}  # the preset's voice of that language (the session's is alloy)
+    heard_in = {row[0] for row in live.query(
+        f"select language from pool_conversationitem where session_id = '{session_id}' and role = 'user'")}
+    assert heard_in == {language}  # the session history keeps each turn's language
 
 
 async def test_a_language_set_by_one_session_never_reaches_the_next_on_the_same_unit(live, recordings):
