@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import websockets
 
-from pool.testing import LiveServer
+from pool.testing import LiveServer, wait_until
 from realtime.client import talk
 
 from .helpers import HOTWORDS, JFK, JFK_WORDS, normalise
@@ -21,14 +21,12 @@ SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": {"silence_d
 
 
 async def _wait_idle(port, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        health = await asyncio.to_thread(
-            lambda: json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)))
-        if health["idle"] == health["pool_size"]:
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the pool did not return to idle")
+    def idle():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as reply:
+            health = json.load(reply)
+        return health["idle"] == health["pool_size"]
+
+    await asyncio.to_thread(wait_until, idle, timeout, "the pool back to idle")
 
 
 async def test_spoken_question_gets_a_spoken_answer_over_the_openai_sdk(server, whisper):

@@ -13,6 +13,7 @@ import pytest
 import soundfile
 
 from pool.testing import PROJECT_DIR as ROOT
+from pool.testing import wait_until
 from realtime.audio import PCM_RATE
 from realtime.client import CHUNK_MS, pcm16_chunks, talk
 
@@ -55,11 +56,7 @@ async def test_the_session_history_holds_what_was_said_and_each_reply_with_its_t
         return server.query(f"select first_audio_p50_ms, completed_responses, cancelled_responses from "
                             f"pool_session where session_id = '{session_id}' and ended_at is not null")
 
-    for _ in range(100):
-        if ended():
-            break
-        await asyncio.sleep(0.1)
-    [(p50, completed, cancelled)] = ended()
+    [(p50, completed, cancelled)] = await asyncio.to_thread(wait_until, ended, 10, "the session row ended")
     items = server.query(f"select role, text, interrupted, status from pool_conversationitem "
                          f"where session_id = '{session_id}' and kind = 'message' order by at_ms, id")
     said = " ".join(text for role, text, _, _ in items if role == "user")
@@ -85,11 +82,8 @@ async def test_a_key_that_records_gets_both_sides_of_its_session_as_flac(server,
     session_id = next(e["session"]["id"] for e in events if e["type"] == "session.created")
     query = (f"select user_audio, assistant_audio, audio_in_seconds, audio_out_seconds from pool_session "
              f"where session_id = '{session_id}' and user_audio != '' and assistant_audio != ''")
-    for _ in range(100):
-        if server.query(query):
-            break
-        await asyncio.sleep(0.1)
-    [(user_name, assistant_name, audio_in, audio_out)] = server.query(query)
+    [(user_name, assistant_name, audio_in, audio_out)] = await asyncio.to_thread(
+        wait_until, lambda: server.query(query), 10, "both recordings stored")
     user, rate = soundfile.read(server.media / user_name, dtype="float32")
     assert rate == 16_000 and abs(len(user) / rate - audio_in) < 0.05
     assert JFK_WORDS in normalise(whisper.transcribe(user))

@@ -19,7 +19,7 @@ import pytest
 import websockets
 
 from bench import misbehave
-from pool.testing import LiveServer, free_port
+from pool.testing import LiveServer, free_port, wait_until
 
 pytestmark = pytest.mark.live
 
@@ -29,14 +29,6 @@ SCRIPTED = {"S2S_BACKEND": "scripted"}
 def _query(db, sql):
     with sqlite3.connect(db) as connection:
         return connection.execute(sql).fetchall()
-
-
-def _until(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.1)
 
 
 async def _session(server):
@@ -67,10 +59,10 @@ async def test_a_killed_process_is_lost_with_its_sessions_and_no_other_process_i
         ws_a, session_a = await _session(a)
         ws_b, session_b = await _session(b)
         row_a = f"select count(*) from pool_session where session_id = '{session_a}'"
-        await asyncio.to_thread(_until, lambda: _query(db, row_a) == [(1,)], 10, "the recorder wrote the row")
+        await asyncio.to_thread(wait_until, lambda: _query(db, row_a) == [(1,)], 10, "the recorder wrote the row")
         a.process.kill()  # SIGKILL: no drain, no last write
         process = f"select state from pool_serverprocess where pid = {a.process.pid}"
-        await asyncio.to_thread(_until, lambda: _query(db, process) == [("lost",)], 3 + 10,
+        await asyncio.to_thread(wait_until, lambda: _query(db, process) == [("lost",)], 3 + 10,
                                 "the killed process is lost")
         assert _query(db, f"select state, end_reason from pool_session where session_id = '{session_a}'") == [
             ("lost", "lost")]
@@ -108,7 +100,7 @@ async def test_a_hanging_stage_quarantines_its_unit_and_the_other_unit_keeps_ser
             pass
         await stuck.close()  # mid-response: the LLM stage is stuck inside generate
         row = f"select state from pool_session where session_id = '{stuck_id}'"
-        await asyncio.to_thread(_until, lambda: server.query(row) == [("quarantined",)], 10,
+        await asyncio.to_thread(wait_until, lambda: server.query(row) == [("quarantined",)], 10,
                                 "the hanging unit is quarantined")
         for _ in range(3):
             ws, _ = await _session(server)
@@ -117,7 +109,7 @@ async def test_a_hanging_stage_quarantines_its_unit_and_the_other_unit_keeps_ser
         def health():
             return json.loads(urllib.request.urlopen(f"{server.http_url}/healthz", timeout=5).read())
 
-        await asyncio.to_thread(_until, lambda: health()["idle"] == 1, 10, "the serving unit is idle")
+        await asyncio.to_thread(wait_until, lambda: health()["idle"] == 1, 10, "the serving unit is idle")
         assert health()["pool_size"] == 2  # and the quarantined one stays out of service
     finally:
         assert server.stop() == 0
@@ -133,7 +125,7 @@ async def test_a_client_that_stops_reading_is_closed_and_its_unit_freed(tmp_path
         for _ in range(100):
             await ws.send(misbehave.BIG_ITEM)
         ended = "select end_reason, close_code from pool_session"
-        await asyncio.to_thread(_until, lambda: server.query(ended) == [("client_too_slow", 1008)], 60,
+        await asyncio.to_thread(wait_until, lambda: server.query(ended) == [("client_too_slow", 1008)], 60,
                                 "the session of the client that stopped reading ends")
         ws.transport.abort()
         ws, _ = await _session(server)
@@ -225,7 +217,7 @@ async def test_sessions_go_on_through_a_postgresql_outage_and_no_record_is_lost(
 
         expected = {first_id: ("ended", "client_close"), second_id: ("ended", "client_close"),
                     third_id: ("active", "")}  # the keyed client was refused: it had no session
-        await asyncio.to_thread(_until, lambda: rows() == expected, 30, "every session row is written")
+        await asyncio.to_thread(wait_until, lambda: rows() == expected, 30, "every session row is written")
         assert await _answered(third)
         await third.close()
         async with websockets.connect(f"{server.base_url}/realtime",

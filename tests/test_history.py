@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from pool.backends.scripted import SCRIPT
 from pool.models import APIKey, ConversationItem, Session, SessionResponse
+from pool.testing import wait_until
 from pool.timings import FIELDS
 
 from .helpers import appends, jfk_segment, open_socket, silence, user_text
@@ -138,20 +139,21 @@ async def test_history_keeps_at_most_HISTORY_MAX_ITEMS_and_counts_the_rest(recor
     assert (await Session.objects.aget(session_id=session_id)).history_dropped == 2
 
 
-async def recorded_turn(client):
+async def recorded_turn(client, recorded=True):
     """A spoken turn answered, then the client leaves; returns the session's row once its
-    recording is stored (or after 10 s)."""
+    recording is stored (``recorded=False``: once its unit has drained, when a recording would
+    have been stored)."""
     session_id = (await client.until("session.created"))["session"]["id"]
     for append in appends(np.concatenate([jfk_segment(*QUESTION), silence(1.5)])):
         await client.send(append)
     assert (await client.until("response.done", timeout=30))["response"]["status"] == "completed"
     await client.ws.disconnect()
-    for _ in range(100):
-        await asyncio.sleep(0.1)
-        row = await Session.objects.aget(session_id=session_id)
-        if row.user_audio and row.assistant_audio:
-            break
-    return row
+
+    def done():
+        row = Session.objects.get(session_id=session_id)
+        return row if (row.user_audio and row.assistant_audio if recorded else row.drained_at) else None
+
+    return await asyncio.to_thread(wait_until, done, 10, "both recordings stored" if recorded else "drained")
 
 
 async def test_recordings_are_stored_as_flac_and_heard_only_with_the_permission(
@@ -189,7 +191,7 @@ async def test_an_api_key_that_says_no_recording_wins_over_RECORD_AUDIO(recorded
     settings.S2S = {**settings.S2S, "RECORD_AUDIO": True, "ALLOW_ANONYMOUS": False}
     _, key = await sync_to_async(APIKey.issue)("no recordings", record_audio=False)
     client, _ = await open_socket([(b"authorization", f"Bearer {key}".encode())])
-    row = await recorded_turn(client)
+    row = await recorded_turn(client, recorded=False)
     assert not row.user_audio and not row.assistant_audio and row.completed_responses == 1
     assert not list(tmp_path.rglob("*.flac"))
 

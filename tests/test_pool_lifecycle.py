@@ -22,16 +22,15 @@ from pool.models import ServerProcess, Session, Unit
 from pool.records import Records
 from pool.registry import build_registry
 from pool.states import EndReason, ProcessState, SessionState, UnitState
+from pool.testing import wait_until
 from realtime.consumers import LIVE
 
 from .helpers import user_text
 
 
 async def wait_for(predicate, timeout=5.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await asyncio.to_thread(predicate):
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+    """``pool.testing.wait_until`` from a coroutine (``predicate`` runs on a worker thread)."""
+    return await asyncio.to_thread(wait_until, predicate, timeout, "the condition", 0.02)
 
 
 def unit_state(registry, index=0):
@@ -376,10 +375,7 @@ def test_heartbeats_write_each_units_input_lag_when_it_changes():
         def lags():
             return dict(Unit.objects.filter(process_id=records.process_id).values_list("index", "input_lag_max_ms"))
 
-        deadline = time.monotonic() + 5
-        while lags() != {0: 0.0, 1: 45.6} and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert lags() == {0: 0.0, 1: 45.6}
+        wait_until(lambda: lags() == {0: 0.0, 1: 45.6}, 5, "the input lags written")
     finally:
         records.stop()
 

@@ -6,6 +6,7 @@ import base64
 import pytest
 
 from pool.backends.scripted import SCRIPT
+from pool.testing import wait_until
 
 from .helpers import speech_appends, user_text
 
@@ -182,11 +183,8 @@ async def test_released_unit_drains_back_to_idle(connect, scripted_pool):
     await client.send({"type": "response.create"})
     await client.until("response.output_audio.delta")
     await client.ws.disconnect()
-    for _ in range(100):
-        if all(u["state"] == "idle" for u in scripted_pool.snapshot()):
-            break
-        await asyncio.sleep(0.02)
-    assert [u["state"] for u in scripted_pool.snapshot()] == ["idle", "idle"]
+    await asyncio.to_thread(wait_until, lambda: all(u["state"] == "idle" for u in scripted_pool.snapshot()),
+                            2, "both units idle")
 
 
 async def test_wedged_unit_is_quarantined_and_never_claimed(connect, scripted_pool):
@@ -198,10 +196,8 @@ async def test_wedged_unit_is_quarantined_and_never_claimed(connect, scripted_po
     while not SCRIPT.requests:  # until the LLM stage is inside generate, wedged
         await asyncio.sleep(0.01)
     await client.ws.disconnect()
-    for _ in range(250):  # RELEASE_AFTER_SECONDS is 2.0 in the scripted pool
-        if any(u["state"] == "quarantined" for u in scripted_pool.snapshot()):
-            break
-        await asyncio.sleep(0.02)
+    await asyncio.to_thread(  # RELEASE_AFTER_SECONDS is 2.0 in the scripted pool
+        wait_until, lambda: any(u["state"] == "quarantined" for u in scripted_pool.snapshot()), 5, "a quarantine")
     states = sorted(u["state"] for u in scripted_pool.snapshot())
     assert states == ["idle", "quarantined"]
     index = next(u["index"] for u in scripted_pool.snapshot() if u["state"] == "quarantined")

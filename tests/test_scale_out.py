@@ -4,7 +4,6 @@ both, operator commands that cross processes, and a Redis outage that sessions d
 import asyncio
 import json
 import re
-import time
 import urllib.parse
 import urllib.request
 from contextlib import ExitStack
@@ -14,7 +13,7 @@ import psycopg
 import pytest
 import websockets
 
-from pool.testing import LiveServer, RedisServer, postgres_database
+from pool.testing import LiveServer, RedisServer, postgres_database, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +57,10 @@ async def turn(server):
 
 
 async def wait_unit_state(cluster, pid, state, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        rows = query(cluster, "SELECT u.id FROM pool_unit u JOIN pool_serverprocess p ON p.id = u.process_id "
-                              "WHERE p.pid = %s AND u.state = %s", pid, state)
-        if rows:
-            return rows[0][0]
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"no {state} unit of pid {pid}")
+    rows = await asyncio.to_thread(wait_until, lambda: query(
+        cluster, "SELECT u.id FROM pool_unit u JOIN pool_serverprocess p ON p.id = u.process_id "
+                 "WHERE p.pid = %s AND u.state = %s", pid, state), timeout, f"a {state} unit of pid {pid}")
+    return rows[0][0]
 
 
 def admin_messages(page):
