@@ -5,9 +5,11 @@
 - LLM: the default SmolLM2-135M GGUF through transformers (fp32, de-quantized at load) against
   llama.cpp: time to the first 4 words of a reply (a new prompt, then the same prompt again for
   llama.cpp's prompt cache) and decoding speed; plus any ``--gguf`` a user brings, on llama.cpp;
-- TTS: Kokoro on first phrases of 1 to 4 words and a sentence: compute time and audio length.
+- TTS: Kokoro on first phrases of 1 to 4 words and a sentence: compute time and audio length;
+- stt-multilingual (the multilingual preset, when prepared): Whisper base with the short window,
+  the language given against detected, on jfk.flac and on Kokoro's speech in each preset language.
 
-    python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers]
+    python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers] [--stages stt,llm,tts,stt-multilingual]
 
 Medians of ``--repeats`` runs after one warm-up. Nothing else runs: these are the models' own
 costs on this machine, to set beside the server's (bench.turn_latency).
@@ -31,6 +33,12 @@ from .common import RECORDINGS, emit
 
 MESSAGES = [{"role": "system", "content": DEFAULTS["DEFAULT_INSTRUCTIONS"]},
             {"role": "user", "content": "What can I cook tonight with rice and two eggs?"}]
+# What Kokoro says in each language of the multilingual preset, and with which voice.
+SPOKEN = {"es": ("ef_dora", "Buenos días, quiero reservar una mesa para esta noche."),
+          "fr": ("ff_siwis", "Bonjour, je voudrais réserver une table pour ce soir."),
+          "it": ("if_sara", "Buongiorno, vorrei prenotare un tavolo per stasera."),
+          "pt": ("pf_dora", "Bom dia, eu gostaria de reservar uma mesa para esta noite."),
+          "hi": ("hf_alpha", "नमस्ते, मैं आज रात के लिए एक मेज़ बुक करना चाहता हूँ।")}
 PHRASES = ["Sure.", "Sure, I", "Sure, I can", "Sure, I can help", "Sure, I can help with that. What would you like?"]
 
 
@@ -53,7 +61,7 @@ def stt_rows(paths, repeats):
     rows = []
     for name, audio in clips.items():
         full, _ = timed(lambda audio=audio: stt._transcribe_30s(audio, "en", None), repeats)
-        short, text = timed(lambda audio=audio: stt._transcribe_short(audio, "en", None), repeats)
+        short, (text, _language) = timed(lambda audio=audio: stt._transcribe_short(audio, "en", None), repeats)
         rows.append({"audio": name, "seconds": round(len(audio) / 16_000, 1), "window_30s_s": full,
                      "short_window_s": short, "ratio": round(short / full, 2), "transcript": text})
     return rows
@@ -117,6 +125,23 @@ def tts_rows(paths, repeats):
     return rows
 
 
+def multilingual_rows(repeats, threads):
+    """Whisper base, short window: seconds with the language given and detected, and what it heard."""
+    paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"], "multilingual")
+    stt = WhisperSTT(paths["stt"], threads)
+    tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], threads)
+    clips = {"en": ("jfk.flac", soxr.resample(load_audio(RECORDINGS["jfk"]), 24_000, 16_000).astype(np.float32))}
+    for language, (voice, text) in SPOKEN.items():
+        clips[language] = (voice, soxr.resample(tts.synthesize(text, voice), 24_000, 16_000).astype(np.float32))
+    rows = []
+    for language, (source, audio) in clips.items():
+        given, _ = timed(lambda audio=audio, language=language: stt.transcribe_detect(audio, language), repeats)
+        detected, (text, heard_as) = timed(lambda audio=audio: stt.transcribe_detect(audio), repeats)
+        rows.append({"language": language, "speech": source, "seconds": round(len(audio) / 16_000, 1),
+                     "language_given_s": given, "detected_s": detected, "detected": heard_as, "transcript": text})
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -133,6 +158,8 @@ def main(argv=None):
         result["llm"] = llm_rows(paths, args.repeats, args.gguf, args.skip_transformers)
     if "tts" in stages:
         result["tts"] = tts_rows(paths, args.repeats)
+    if "stt-multilingual" in stages:
+        result["stt_multilingual"] = multilingual_rows(args.repeats, DEFAULTS["THREADS"]["stt"])
     emit("stages", result)
 
 
