@@ -7,7 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from pool.control import drain_process
 from pool.models import ServerProcess
-from pool.states import LIVE_PROCESS_STATES, ProcessState
+from pool.states import LIVE_PROCESS_STATES, ProcessState, UnitState
 
 
 class Command(BaseCommand):
@@ -22,7 +22,7 @@ class Command(BaseCommand):
     def handle(self, *args, ids, wait=None, **options):
         if not ids:
             for process in ServerProcess.objects.filter(state__in=LIVE_PROCESS_STATES):
-                busy = process.units.exclude(state="idle").count()
+                busy = process.units.exclude(state=UnitState.IDLE).count()
                 self.stdout.write(f"{process.pk:>6}  {process} {process.state:<9} {busy}/{process.pool_size} "
                                   f"units busy  {process.public_url}")
             return
