@@ -18,6 +18,7 @@ Unit rows are otherwise written later, by the recorder (``pool.records``); every
 the unit's ``state_seq``, so an older change that arrives late never overwrites a newer one.
 """
 
+import asyncio
 import logging
 import secrets
 from datetime import timedelta
@@ -25,7 +26,7 @@ from datetime import timedelta
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.db import DatabaseError, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from .auth import Refusal, hash_key
@@ -33,6 +34,7 @@ from .states import ProcessState, UnitState
 
 log = logging.getLogger(__name__)
 
+RESERVED_ATTEMPTS, RESERVED_RETRY_SECONDS = 5, 0.02  # a secret's unit, held a moment by a key client
 SECRET_PREFIX = "ek_"  # OpenAI's prefix for ephemeral keys, so clients recognise the value
 FRESH_HEARTBEATS = 3  # a process whose heartbeat is older than this many beats gets no reservation
 
@@ -51,19 +53,35 @@ def _unreserved(now):
 
 
 class KeyLimitError(Exception):
-    """The API key already holds ``max_sessions`` sessions and unused secrets."""
+    """The API key already holds ``max_sessions`` sessions and unused secrets (or a user or an
+    anonymous address holds its share of unused secrets)."""
 
 
-def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local_process_id=None):
+def key_holds(api_key, now):
+    """How many sessions and unused secrets ``api_key`` holds across the cluster (sync,
+    database): open sessions, unused secrets, and secrets used this last minute whose session
+    row the recorder has not written yet."""
+    from .models import ClientSecret, Session
+
+    secrets_ = ClientSecret.objects.filter(api_key=api_key)
+    written = Exists(Session.objects.filter(session_id=OuterRef("session_id")))
+    return (Session.objects.filter(api_key=api_key, ended_at__isnull=True).count()
+            + secrets_.filter(used_at__isnull=True, expires_at__gt=now).count()
+            + secrets_.filter(used_at__gt=now - timedelta(minutes=1)).exclude(written).count())
+
+
+def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local_process_id=None,
+          client_address=None, per_client=None):
     """Reserve a unit anywhere in the cluster for a new client secret (sync, database).
 
     ``session``: the ``session.update`` body the secret's session starts with; ``expires_at``: an
     aware datetime; ``heartbeat_seconds``: the processes' HEARTBEAT_SECONDS. Processes that
     advertise no ``public_url`` are skipped, except ``local_process_id`` (the caller's own, which
-    the caller can address). Returns ``(ClientSecret, value)``, or None when no unit is free.
-    Raises KeyLimitError.
+    the caller can address). ``per_client``: for a secret without an API key, how many unused
+    ones its ``user`` (else its ``client_address``) may hold. Returns ``(ClientSecret, value)``,
+    or None when no unit is free. Raises KeyLimitError.
     """
-    from .models import APIKey, ClientSecret, ServerProcess, Session, Unit
+    from .models import APIKey, ClientSecret, ServerProcess, Unit
 
     now = timezone.now()
     live = ServerProcess.objects.filter(
@@ -72,10 +90,14 @@ def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local
     load = Count("units", filter=Q(units__state=UnitState.ACTIVE) | Q(units__reserved_until__gt=now))
     with transaction.atomic():
         if api_key is not None and api_key.max_sessions is not None:
-            APIKey.objects.select_for_update().filter(pk=api_key.pk).first()  # one issuer per key at a time
-            held = (Session.objects.filter(api_key=api_key, ended_at__isnull=True).count()
-                    + ClientSecret.objects.filter(api_key=api_key, used_at__isnull=True, expires_at__gt=now).count())
-            if held >= api_key.max_sessions:
+            # One issuer per key at a time (no_key: the recorder's session rows may still refer to it).
+            APIKey.objects.select_for_update(no_key=True).filter(pk=api_key.pk).first()
+            if key_holds(api_key, now) >= api_key.max_sessions:
+                raise KeyLimitError
+        elif api_key is None and per_client is not None:
+            mine = ClientSecret.objects.filter(api_key=None, used_at__isnull=True, expires_at__gt=now)
+            mine = mine.filter(user=user) if user is not None else mine.filter(user=None, client_address=client_address)
+            if mine.count() >= per_client:
                 raise KeyLimitError
         for process_id in live.annotate(load=load).order_by("load", "pk").values_list("pk", flat=True):
             candidates = Unit.objects.filter(_unreserved(now), process_id=process_id, state=UnitState.IDLE)
@@ -86,7 +108,7 @@ def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local
                     secret = ClientSecret.objects.create(
                         prefix=value[:12], value_hash=hash_key(value), process_id=process_id,
                         unit_index=unit.index, session=session, api_key=api_key, user=user,
-                        created_at=now, expires_at=expires_at)
+                        client_address=client_address, created_at=now, expires_at=expires_at)
                     return secret, value
                 candidates = candidates.exclude(pk=unit.pk)  # taken since it was read (SQLite)
     return None
@@ -97,9 +119,13 @@ def redeem(value, process_id):
     first connect that presents it takes it. Returns ``(ClientSecret, None)`` or ``(None, Refusal)``."""
     from .models import ClientSecret
 
-    secret = ClientSecret.objects.filter(value_hash=hash_key(value)).select_related("api_key", "process").first()
+    secret = (ClientSecret.objects.filter(value_hash=hash_key(value))
+              .select_related("api_key", "process", "user").first())
     if secret is None:
         return None, Refusal("invalid_api_key", "Incorrect client secret provided.")
+    if (secret.api_key is not None and secret.api_key.revoked_at is not None) or (
+            secret.user is not None and not secret.user.is_active):
+        return None, Refusal("invalid_api_key", "This client secret's API key or user no longer may connect.")
     if secret.process_id != process_id:
         return None, Refusal("invalid_api_key", "This client secret is for another server process: connect "
                              f"at {secret.process.public_url or 'the URL it was issued with'}.")
@@ -107,6 +133,15 @@ def redeem(value, process_id):
     if not ClientSecret.objects.filter(pk=secret.pk, used_at__isnull=True, expires_at__gt=now).update(used_at=now):
         return None, Refusal("invalid_api_key", "This client secret has expired or has been used.")
     return secret, None
+
+
+def release(secret):
+    """Free the unit ``secret`` reserved, if it still does (sync, database): a redeemed secret
+    whose session did not start on it (refused, or its unit was gone)."""
+    from .models import Unit
+
+    Unit.objects.filter(process_id=secret.process_id, index=secret.unit_index,
+                        reserved_until=secret.expires_at).update(reserved_until=None)
 
 
 def reserved_indices(process_id):
@@ -146,24 +181,32 @@ async def claim(registry, session_id, wait=0.0, secret=None):
     reservations; a database outage is logged and the claim goes on without them.
     """
     process_id = registry.records.process_id
-    only = secret.unit_index if secret is not None else None
+    if secret is not None:
+        for _attempt in range(RESERVED_ATTEMPTS):  # a key client may hold it until it backs off
+            unit = await _claim(registry, session_id, wait, secret.unit_index, ())
+            if unit is not None:
+                if process_id is None or await _database(mark_claimed, True, process_id, unit, secret):
+                    return unit
+                registry.unclaim(unit)  # expired and reserved again, at the last moment
+                break
+            await asyncio.sleep(RESERVED_RETRY_SECONDS)
+        await _database(release, None, secret)  # its unit is gone (quarantined): any free one
     for _attempt in range(len(registry.units) + 1):
-        skip = ()
-        if process_id is not None and only is None:
-            skip = await _database(reserved_indices, (), process_id)
-        if wait:
-            unit = await sync_to_async(registry.claim, thread_sensitive=False)(session_id, wait, only, skip)
-        else:
-            unit = registry.claim(session_id, 0.0, only, skip)
-        if unit is None and only is not None:
-            only, secret = None, None  # the reserved unit is gone: any free one
-            continue
+        skip = await _database(reserved_indices, (), process_id) if process_id is not None else ()
+        unit = await _claim(registry, session_id, wait, None, skip)
         if unit is None or process_id is None:
             return unit
-        if await _database(mark_claimed, True, process_id, unit, secret):
+        if await _database(mark_claimed, True, process_id, unit):
             return unit
         registry.unclaim(unit)  # another process reserved it meanwhile
     return None
+
+
+async def _claim(registry, session_id, wait, only, skip):
+    """``registry.claim``, off the event loop when it may wait."""
+    if wait:
+        return await sync_to_async(registry.claim, thread_sensitive=False)(session_id, wait, only, skip)
+    return registry.claim(session_id, 0.0, only, skip)
 
 
 async def _database(fn, fallback, *args):

@@ -200,9 +200,12 @@ def check_key(key, process_id):
     """Look ``key`` up (sync, database). Returns ``(APIKey, None)`` or ``(None, Refusal)``.
 
     The returned key carries ``open_elsewhere``: its open sessions in other processes, from their
-    session rows. The caller adds this process's own count (``realtime.consumers``).
+    session rows, and its unused client secrets (each holds a unit for a session to come). The
+    caller adds this process's own count (``realtime.consumers``).
     """
-    from .models import APIKey, Session
+    from django.utils import timezone
+
+    from .models import APIKey, ClientSecret, Session
 
     api_key = APIKey.objects.filter(key_hash=hash_key(key)).select_related("user").first()
     if api_key is None:
@@ -216,5 +219,6 @@ def check_key(key, process_id):
         elsewhere = Session.objects.filter(api_key=api_key, ended_at__isnull=True)
         if process_id:
             elsewhere = elsewhere.exclude(process_id=process_id)
-        api_key.open_elsewhere = elsewhere.count()
+        unused = ClientSecret.objects.filter(api_key=api_key, used_at__isnull=True, expires_at__gt=timezone.now())
+        api_key.open_elsewhere = elsewhere.count() + unused.count()
     return api_key, None

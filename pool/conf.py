@@ -93,6 +93,11 @@ DEFAULTS = {
     # used or expires.
     "CLIENT_SECRET_SECONDS": 600,
     "CLIENT_SECRET_MAX_SECONDS": 7200,
+    # Secrets issued without an API key (POST /client_secret for a logged-in user, or anonymous
+    # where ALLOW_ANONYMOUS is on) live at most this long, and each user (or anonymous address)
+    # may hold this many unused at once: nobody can reserve the pool away without a key.
+    "USER_CLIENT_SECRET_SECONDS": 60,
+    "CLIENT_SECRETS_PER_USER": 2,
     # A token that may read GET /v1/pool and /metrics (Authorization: Bearer <token>); staff
     # users always may.
     "STATUS_TOKEN": None,

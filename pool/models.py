@@ -129,6 +129,8 @@ class ClientSecret(models.Model):
                                 related_name="client_secrets", verbose_name="API key")
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
                              related_name="s2s_client_secrets", help_text="Issued to a logged-in user.")
+    client_address = models.GenericIPAddressField(null=True, blank=True,
+                                                  help_text="Who asked for it (pool.auth.client_address).")
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     used_at = models.DateTimeField(null=True, blank=True)

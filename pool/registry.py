@@ -156,6 +156,15 @@ class PoolRegistry:
             self._set_state(unit, UnitState.IDLE)
         return True
 
+    def close_if_settled(self):
+        """Stop accepting sessions if no unit is active or draining, in one step (a drained
+        process that stops): True when it did, False when a session is (still, or newly) live."""
+        with self._lock:
+            if any(u.state in (UnitState.ACTIVE, UnitState.DRAINING) for u in self.units):
+                return False
+            self.accepting = False
+            return True
+
     def wait_settled(self, timeout):
         """Block until no unit is active or draining, or ``timeout`` seconds. Returns True if settled."""
         deadline = time.monotonic() + timeout

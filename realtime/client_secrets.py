@@ -16,18 +16,21 @@ Answer 200::
 
 ``connect_url`` is ours (``docs/PROTOCOL.md``): the process that holds the reserved unit. Errors
 have OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request,
-401 for a missing or bad key, 403 for a user not logged in, 429 with ``Retry-After`` when no unit
-is free anywhere or the key holds its ``max_sessions``.
+401 for a missing or bad key, 403 for a user not logged in, 405 for another method, 413 for a
+body over Django's DATA_UPLOAD_MAX_MEMORY_SIZE, 429 with ``Retry-After`` when no unit is free
+anywhere or the key holds its ``max_sessions`` (a user or an anonymous address: its
+CLIENT_SECRETS_PER_USER unused secrets), 500 for a bug (logged). Secrets issued without a key
+live at most USER_CLIENT_SECRET_SECONDS.
 """
 
-import json
+import logging
 from datetime import timedelta
 
+from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
 
 from pool import admission, auth
 from pool.conf import get_config
@@ -35,6 +38,9 @@ from pool.registry import get_registry
 
 from . import session_config as sc
 from .errors import ProtocolError
+from .events import loads
+
+log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 2  # a full cluster: units free up as sessions end and secrets expire
 
@@ -44,8 +50,19 @@ def _error(status, code, message, param=None, kind="invalid_request_error", head
     return JsonResponse(body, status=status, headers=headers)
 
 
+def _post_only(view):
+    """405 with OpenAI's error body for any method but POST."""
+    def wrapper(request):
+        if request.method != "POST":
+            return _error(405, "method_not_allowed", "Use POST.", headers={"Allow": "POST"})
+        return view(request)
+
+    wrapper.__doc__, wrapper.__name__ = view.__doc__, view.__name__
+    return wrapper
+
+
 @csrf_exempt  # authenticated by the API key in a header, which a browser does not send by itself
-@require_POST
+@_post_only
 def create(request):
     """``POST /v1/realtime/client_secrets`` with an API key (see the module docstring)."""
     key = auth.bearer_token(request.headers.get("Authorization"))
@@ -64,7 +81,7 @@ def create(request):
     return issue(request, api_key=api_key)
 
 
-@require_POST
+@_post_only
 def create_for_user(request):
     """``POST /client_secret``: a secret for the logged-in user of the site (403 otherwise).
 
@@ -76,14 +93,26 @@ def create_for_user(request):
 
 
 def issue(request, api_key=None, user=None):
-    """Validate the request body, reserve a unit (``pool.admission.issue``) and answer."""
+    """Validate the request body, reserve a unit (``pool.admission.issue``) and answer. Any
+    failure is an answer with OpenAI's error body, never Django's error page."""
+    try:
+        return _issue(request, api_key, user)
+    except Exception:  # noqa: BLE001 - a bug answers as OpenAI's API would, and is logged
+        log.exception("client secret request failed")
+        return _error(500, "server_error", "The server failed to issue a client secret.", kind="server_error")
+
+
+def _issue(request, api_key, user):
     config = get_config()
     try:
-        body = json.loads(request.body or b"{}")
+        body = loads(request.body or b"{}")
         if not isinstance(body, dict):
             raise ProtocolError("invalid_type", "The request body must be a JSON object.")
-        seconds = _expires_after(body.get("expires_after"), config)
-        update = body.get("session") or {}
+        keyless = api_key is None
+        seconds = _expires_after(body.get("expires_after"), config, keyless)
+        update = body.get("session", {})
+        if not isinstance(update, dict):
+            raise ProtocolError("invalid_type", "'session' must be an object.", param="session")
         registry = get_registry()
         defaults = sc.session_defaults(config, registry.speaks)
         session = sc.apply_update(sc.default_session("", defaults["model"], defaults["instructions"],
@@ -91,17 +120,19 @@ def issue(request, api_key=None, user=None):
         if session["type"] != "realtime":
             raise ProtocolError("invalid_value", "Only realtime sessions are served here.", param="session.type")
         sc.check_languages(session, registry.speaks)
-    except ValueError:
-        return _error(400, "invalid_json", "The request body is not valid JSON.")
+    except RequestDataTooBig:
+        return _error(413, "request_too_large", "The request body is too large.")
     except ProtocolError as error:
         return _error(400, error.code, error.message, error.param)
     expires_at = timezone.now() + timedelta(seconds=seconds)
     local = registry.records.process_id
     try:
-        granted = admission.issue(update, expires_at, config["HEARTBEAT_SECONDS"], api_key, user, local)
+        granted = admission.issue(update, expires_at, config["HEARTBEAT_SECONDS"], api_key, user, local,
+                                  _client_address(request), None if api_key else config["CLIENT_SECRETS_PER_USER"])
     except admission.KeyLimitError:
-        return _error(429, "session_limit_reached", f"This API key may hold {api_key.max_sessions} sessions "
-                      "(and unused client secrets) at once.", kind="rate_limit_error",
+        held = (f"This API key may hold {api_key.max_sessions} sessions (and unused client secrets)" if api_key
+                else f"You may hold {config['CLIENT_SECRETS_PER_USER']} unused client secrets")
+        return _error(429, "session_limit_reached", f"{held} at once.", kind="rate_limit_error",
                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     except DatabaseError:
         return _error(503, "database_unavailable", "The server cannot reserve a unit right now.",
@@ -116,20 +147,32 @@ def issue(request, api_key=None, user=None):
                          "connect_url": _connect_url(request, secret.process, config)})
 
 
-def _expires_after(value, config):
-    """Seconds a new secret lives. Raises ProtocolError."""
+def _expires_after(value, config, keyless):
+    """Seconds a new secret lives (``keyless``: issued without an API key, at most
+    USER_CLIENT_SECRET_SECONDS). Raises ProtocolError."""
+    default, longest = config["CLIENT_SECRET_SECONDS"], config["CLIENT_SECRET_MAX_SECONDS"]
+    if keyless:
+        default = longest = min(longest, config["USER_CLIENT_SECRET_SECONDS"])
     if value is None:
-        return config["CLIENT_SECRET_SECONDS"]
+        return default
     param = "expires_after"
     if not isinstance(value, dict):
         raise ProtocolError("invalid_type", "'expires_after' must be an object.", param=param)
     if value.get("anchor", "created_at") != "created_at":
         raise ProtocolError("invalid_value", "expires_after.anchor must be 'created_at'.", param=f"{param}.anchor")
-    seconds, longest = value.get("seconds", config["CLIENT_SECRET_SECONDS"]), config["CLIENT_SECRET_MAX_SECONDS"]
+    seconds = value.get("seconds", default)
     if isinstance(seconds, bool) or not isinstance(seconds, int) or not 1 <= seconds <= longest:
         raise ProtocolError("invalid_value", f"expires_after.seconds must be a whole number from 1 to {longest}.",
                             param=f"{param}.seconds")
     return seconds
+
+
+def _client_address(request):
+    """The requester's address as ``pool.auth.client_address`` reads it (trusted proxies)."""
+    scope = getattr(request, "scope", None)  # under ASGI
+    if scope is not None:
+        return auth.client_address(scope)
+    return auth.client_address({"client": (request.META.get("REMOTE_ADDR"), 0), "headers": []})
 
 
 def _connect_url(request, process, config):

@@ -56,6 +56,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
     channel_layer_alias = None
 
     unit = None
+    secret = None
     session = None
     sender = None
     watchdog = None
@@ -172,8 +173,14 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             self.api_key_id = None
 
     async def _refuse(self, code, message, close_code=CLOSE_POLICY_VIOLATION):
-        """An accepted socket that gets no session: one ``error`` event, then the close."""
+        """An accepted socket that gets no session: one ``error`` event, then the close. A
+        client secret it redeemed is spent, and the unit it reserved is free again."""
         self._release_key()
+        if self.secret is not None:
+            try:
+                await database_sync_to_async(admission.release)(self.secret)
+            except DatabaseError:
+                pass  # the reservation then ends when the secret expires
         metrics.SESSIONS_REFUSED.labels(metrics.PROCESS, code).inc()
         error = ProtocolError(code, message)
         await self.send(json.dumps({"type": "error", "event_id": new_id("event"), "error": error.to_error()}))

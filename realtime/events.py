@@ -3,7 +3,7 @@
 A client event is a JSON object with a string ``type`` and an optional string ``event_id``.
 Anything else is answered with an ``error`` event (never a dropped socket):
 
-- ``invalid_json``: the text frame is not JSON;
+- ``invalid_json``: the text frame is not JSON, or is nested deeper than ``MAX_DEPTH``;
 - ``invalid_frame``: a binary frame (the protocol is JSON text only);
 - ``invalid_event``: JSON that is not an object;
 - ``missing_required_parameter``: no ``type``;
@@ -15,6 +15,27 @@ Anything else is answered with an ``error`` event (never a dropped socket):
 import json
 
 from .errors import ProtocolError
+
+# JSON nested deeper than this is refused: copying or validating it would exhaust Python's
+# stack (a tool's JSON schema of a few levels is far below it).
+MAX_DEPTH = 64
+
+
+def loads(text):
+    """``json.loads`` for client input: a dict or list nested at most MAX_DEPTH deep. Raises
+    ProtocolError ``invalid_json``."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("invalid_json", f"The message is not valid JSON: {str(exc)[:200]}.") from None
+    level, depth = [value], 0
+    while level:  # breadth first, without recursion
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise ProtocolError("invalid_json", f"The message is nested more than {MAX_DEPTH} levels deep.")
+        level = [child for node in level if isinstance(node, (dict, list))
+                 for child in (node.values() if isinstance(node, dict) else node)]
+    return value
 
 # Client event type -> the fields it may carry besides ``type`` and ``event_id``.
 CLIENT_EVENT_FIELDS = {
@@ -37,10 +58,7 @@ def parse_client_frame(text_data=None, bytes_data=None):
     """Return the client event dict of one WebSocket frame. Raises ProtocolError."""
     if text_data is None:
         raise ProtocolError("invalid_frame", "Binary frames are not supported; send JSON text frames.")
-    try:
-        event = json.loads(text_data)
-    except (ValueError, RecursionError) as exc:
-        raise ProtocolError("invalid_json", f"The message is not valid JSON: {exc}.") from None
+    event = loads(text_data)
     if not isinstance(event, dict):
         raise ProtocolError("invalid_event", "A client event must be a JSON object.")
     event_id = event.get("event_id")

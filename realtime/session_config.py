@@ -314,7 +314,7 @@ def _validate_turn_detection(td):
         _number(td["silence_duration_ms"], f"{param}.silence_duration_ms", 0, 10_000, integer=True)
         if td["idle_timeout_ms"] is not None:
             _number(td["idle_timeout_ms"], f"{param}.idle_timeout_ms", 5000, 30_000, integer=True)
-    elif td["eagerness"] not in EAGERNESS_SILENCE_MS:
+    elif not isinstance(td["eagerness"], str) or td["eagerness"] not in EAGERNESS_SILENCE_MS:
         _fail(f"{param}.eagerness", "eagerness must be one of low, medium, high, auto.")
 
 

@@ -217,3 +217,89 @@ async def test_a_late_write_of_an_older_unit_state_never_overwrites_a_newer_one(
     await sync_to_async(records._unit_changed)(unit.index, UnitState.IDLE, UnitState.ACTIVE, "sess_1",
                                                timezone.now(), 1)
     assert (await units(pool))[unit.index].state == UnitState.DRAINING
+
+
+async def test_a_keys_unused_secrets_count_against_its_sessions_on_every_path(pool):
+    """max_sessions 1: a secret issued, then the same key connects directly: refused, as the
+    secret holds the key's one session. The secret then opens it."""
+    _, limited = await sync_to_async(APIKey.issue)("one at a time", max_sessions=1)
+    value = (await post({}, limited)).json()["value"]
+    direct, _ = await open_socket(bearer(limited))
+    assert await refused_with(direct) == "session_limit_reached"
+    client, _ = await open_socket(bearer(value))
+    assert (await client.until("session.created"))["type"] == "session.created"
+    assert (await post({}, limited)).status_code == 429  # the session holds it now
+    await client.ws.disconnect()
+
+
+async def test_a_secret_refused_after_it_was_redeemed_frees_its_unit(pool, key, settings):
+    settings.S2S = {**settings.S2S, "CONNECTS_PER_MINUTE": 1}
+    value = (await post({}, key)).json()["value"]
+    address = ("198.51.100.23", 50000)  # an address of its own: the limit counts per address
+    first, _ = await open_socket(bearer(key), client=address)  # its one connect this minute
+    await first.until("session.created")
+    refused, _ = await open_socket(bearer(value), client=address)
+    assert await refused_with(refused) == "rate_limit_exceeded"
+    assert [u.reserved_until for u in (await units(pool)).values()] == [None, None]
+    await first.ws.disconnect()
+
+
+async def test_a_secret_whose_unit_is_gone_gets_another_and_frees_the_reservation(pool, key):
+    value = (await post({}, key)).json()["value"]
+    reserved = (await ClientSecret.objects.aget(prefix=value[:12])).unit_index
+    with pool._lock:  # its unit did not drain in time since the secret was issued
+        pool._set_state(pool.units[reserved], UnitState.QUARANTINED, "sess_old")
+    client, _ = await open_socket(bearer(value))
+    created = await client.until("session.created")
+    assert pool.units[1 - reserved].session_id == created["session"]["id"]
+    assert pool.records.flush()
+    assert (await units(pool))[reserved].reserved_until is None
+    await client.ws.disconnect()
+
+
+async def test_a_revoked_keys_secret_no_longer_connects(pool):
+    api_key, revoked = await sync_to_async(APIKey.issue)("soon revoked")
+    value = (await post({}, revoked)).json()["value"]
+    api_key.revoked_at = timezone.now()
+    await api_key.asave()
+    client, _ = await open_socket(bearer(value))
+    assert await refused_with(client) == "invalid_api_key"
+
+
+async def test_without_a_key_a_user_holds_few_short_secrets(pool):
+    browser = AsyncClient()
+    await browser.aforce_login(await sync_to_async(User.objects.create_user)("bo", password="pw"))
+
+    async def ask(body):
+        return await browser.post("/client_secret", data=json.dumps(body), content_type="application/json")
+
+    reply = await ask({"expires_after": {"seconds": 3600}})  # past USER_CLIENT_SECRET_SECONDS (60)
+    assert (reply.status_code, reply.json()["error"]["param"]) == (400, "expires_after.seconds")
+    first = (await ask({})).json()
+    assert abs(first["expires_at"] - (timezone.now().timestamp() + 60)) < 5
+    assert (await ask({})).status_code == 200
+    reply = await ask({})  # CLIENT_SECRETS_PER_USER (2) unused at once
+    assert reply.status_code == 429 and "2 unused client secrets" in reply.json()["error"]["message"]
+
+
+async def test_every_failure_of_the_endpoint_is_an_openai_error(pool, key, settings):
+    reply = await AsyncClient().get(URL, headers={"Authorization": f"Bearer {key}"})
+    assert (reply.status_code, reply.json()["error"]["code"]) == (405, "method_not_allowed")
+    reply = await post(key=key, raw="[" * 100_000)
+    assert (reply.status_code, reply.json()["error"]["code"]) == (400, "invalid_json")
+    reply = await post({"session": {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": []}}}}},
+                       key)
+    assert (reply.status_code, reply.json()["error"]["param"]) == (400, "session.audio.input.turn_detection.eagerness")
+    reply = await post({"session": []}, key)
+    assert (reply.status_code, reply.json()["error"]["param"]) == (400, "session")
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    reply = await post({"session": {"instructions": "x" * 2000}}, key)
+    assert (reply.status_code, reply.json()["error"]["code"]) == (413, "request_too_large")
+
+
+def test_a_drained_pool_stops_only_when_nothing_is_live(pool):
+    unit = pool.claim("sess_live")
+    assert not pool.close_if_settled() and pool.accepting  # a session is live: go on
+    pool.release(unit)
+    assert pool.wait_settled(5) and pool.close_if_settled() and not pool.accepting
+    assert pool.claim("sess_late") is None  # and from then on no claim succeeds

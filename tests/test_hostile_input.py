@@ -20,6 +20,11 @@ pytestmark = pytest.mark.usefixtures("scripted_pool")
 
 HOSTILE = [
     ("{not json", "invalid_json"),
+    ("[" * 100_000, "invalid_json"),  # deeper than the JSON decoder goes
+    ('{"type": "session.update", "session": {"tools": [{"type": "function", "name": "f", "parameters": '
+     + '{"a": ' * 70 + "1" + "}" * 70 + "}]}}", "invalid_json"),  # deeper than MAX_DEPTH
+    ('{"type": "session.update", "session": {"audio": {"input": {"turn_detection": '
+     '{"type": "semantic_vad", "eagerness": []}}}}}', "invalid_value"),
     ("[1, 2, 3]", "invalid_event"),
     ('"just a string"', "invalid_event"),
     ("12345", "invalid_event"),

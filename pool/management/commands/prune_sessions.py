@@ -6,6 +6,7 @@ Meant for cron or any scheduler, e.g. daily: ``manage.py prune_sessions``.
   (through the storage that holds them) and the session's reference to them.
 - Sessions that ended more than ``HISTORY_RETENTION_DAYS`` ago, with their conversation items,
   responses and recordings.
+- Client secrets that expired more than a day ago (they hold nothing any more).
 
 Sessions that have not ended are kept whatever their age. Work is done in batches, so a large
 history never holds a long transaction; a file is deleted before the row that names it, so an
@@ -20,7 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from pool.conf import get_config
-from pool.models import ConversationItem, Session, SessionResponse
+from pool.models import ClientSecret, ConversationItem, Session, SessionResponse
 
 RECORDED = Q(user_audio__gt="") | Q(assistant_audio__gt="")
 
@@ -37,6 +38,9 @@ class Command(BaseCommand):
         config = get_config()
         self.dry_run, self.batch_size = dry_run, batch_size
         verb = "Would delete" if dry_run else "Deleted"
+        secrets = ClientSecret.objects.filter(expires_at__lt=timezone.now() - timedelta(days=1))
+        count = secrets.count() if dry_run else secrets.delete()[0]
+        self.stdout.write(f"{verb} {count} client secrets that expired more than a day ago.")
         if config["RECORDING_RETENTION_DAYS"] is not None:
             cutoff = self._cutoff(config["RECORDING_RETENTION_DAYS"])
             count = self._recordings(Session.objects.filter(RECORDED, ended_at__lt=cutoff))

@@ -149,15 +149,16 @@ class Command(BaseCommand):
         while registry.accepting:
             if await asyncio.to_thread(registry.wait_settled, 1.0):
                 try:
-                    if not await database_sync_to_async(reserved_indices)(registry.records.process_id):
-                        break
+                    reserved = await database_sync_to_async(reserved_indices)(registry.records.process_id)
                 except DatabaseError:  # the reservations cannot be read: wait for the database
-                    pass
+                    reserved = True
+                # Reservations first, then "nothing live" and the stop in one step: a secret
+                # redeemed in between is either live (and waited for) or refused.
+                if not reserved and registry.close_if_settled():
+                    log.info("drained: every session has ended; stopping")
+                    reactor.stop()
+                    return
                 await asyncio.sleep(1.0)  # a secret still holds a unit: it is used or expires
-        if registry.accepting:
-            log.info("drained: every session has ended; stopping")
-            registry.accepting = False
-            reactor.stop()
 
     @staticmethod
     async def _shutdown(registry, config):

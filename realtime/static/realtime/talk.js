@@ -144,8 +144,11 @@ async function clientSecret() {
     body: JSON.stringify({session: {instructions: $('instructions').value,
                                     audio: {output: {voice: $('voice').value}}}}),
   });
-  const body = await reply.json();
-  if (!reply.ok) throw Object.assign(new Error(body.error.message), {code: body.error.code});
+  const json = (reply.headers.get('Content-Type') || '').includes('application/json');
+  const body = json ? await reply.json() : null;  // a proxy's or Django's error page is HTML
+  if (!reply.ok) {
+    throw Object.assign(new Error(body?.error?.message || `HTTP ${reply.status}`), {code: body?.error?.code});
+  }
   return body;
 }
 
