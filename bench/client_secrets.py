@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psycopg
 
-from pool.testing import LiveServer, RedisServer, postgres_database
+from pool.testing import LiveServer, RedisServer, free_port, postgres_database
 
 from .common import emit, stats
 
@@ -66,8 +66,10 @@ def main():
         redis = stack.enter_context(RedisServer())
         env = {"DATABASE_URL": database, "REDIS_URL": redis.url, "S2S_BACKEND": "scripted",
                "S2S_JSON": json.dumps({"CONNECTS_PER_MINUTE": None})}
+        ports = [free_port(), free_port()]
         servers = [stack.enter_context(LiveServer(Path(tempfile.mkdtemp(prefix="s2s-bench-")), pool_size=args.units,
-                                                  env=env, args=())) for _ in range(2)]
+                                                  env=env, port=port, args=("--public-url", f"ws://127.0.0.1:{port}")))
+                   for port in ports]
         key = servers[0].manage("apikey", "create", "bench").strip()
         issue(servers[0], key), issue(servers[1], key)  # warm-up: connections, imports
         free_everything(database)

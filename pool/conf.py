@@ -84,9 +84,10 @@ DEFAULTS = {
     "REALTIME_PATH": "/v1/realtime",
     # Where clients reach this process, without the endpoint's path: "wss://voice.example.com/a"
     # (behind a proxy that routes /a to it) or "ws://10.0.0.5:8001". A client secret that reserves
-    # a unit of this process sends its client to PUBLIC_URL + REALTIME_PATH. None: runpool
-    # advertises ws://<--host>:<--port> when --host names one address; else only this process's
-    # own answers to POST /v1/realtime/client_secrets send clients here.
+    # a unit of this process sends its client to PUBLIC_URL + REALTIME_PATH. None (or runpool
+    # without --public-url): only this process's own answers to POST /v1/realtime/client_secrets
+    # reserve its units, and send clients to the address the request came to (through a proxy:
+    # the public host). A bind address says nothing of how clients reach it, so none is guessed.
     "PUBLIC_URL": None,
     # POST /v1/realtime/client_secrets: a secret's lifetime when the request names none, and the
     # longest allowed (seconds; OpenAI's are 600 and 7200). Its unit stays reserved until it is

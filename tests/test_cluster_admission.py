@@ -12,7 +12,7 @@ import pytest
 import websockets
 from openai import AsyncOpenAI, RateLimitError
 
-from pool.testing import LiveServer, RedisServer, postgres_database, wait_until
+from pool.testing import LiveServer, RedisServer, free_port, postgres_database, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.postgres, pytest.mark.redis]
 
@@ -26,8 +26,9 @@ def cluster(tmp_path_factory):
         env = {"DATABASE_URL": database, "REDIS_URL": redis.url, "S2S_BACKEND": "scripted",
                "S2S_JSON": json.dumps({"RELEASE_AFTER_SECONDS": 2.0, "CONNECTS_PER_MINUTE": None,
                                        "HEARTBEAT_SECONDS": 1.0})}
-        a = stack.enter_context(LiveServer(tmp_path_factory.mktemp("a"), pool_size=1, env=env, args=()))
-        b = stack.enter_context(LiveServer(tmp_path_factory.mktemp("b"), pool_size=2, env=env, args=()))
+        a, b = (stack.enter_context(LiveServer(tmp_path_factory.mktemp(name), pool_size=size, env=env, port=port,
+                                               args=("--public-url", f"ws://127.0.0.1:{port}")))
+                for name, size, port in (("a", 1, free_port()), ("b", 2, free_port())))
         key = a.manage("apikey", "create", "backend").strip()
         yield {"a": a, "b": b, "db": database, "key": key}
 

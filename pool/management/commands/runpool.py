@@ -41,8 +41,8 @@ class Command(BaseCommand):
                                  "S2S['ALLOW_ANONYMOUS'] = True does the same)")
         parser.add_argument("--public-url",
                             help="where clients reach this process, e.g. wss://voice.example.com/a "
-                                 "(default: S2S['PUBLIC_URL'], else ws://HOST:PORT for a --host that "
-                                 "names one address); client secrets send their clients there")
+                                 "(default: S2S['PUBLIC_URL']); client secrets issued by other "
+                                 "processes send their clients there")
         parser.add_argument("--migrate", action=argparse.BooleanOptionalAction, default=None,
                             help="apply pending migrations before serving (default: on for SQLite only; "
                                  "a shared database is migrated once, by the operator)")
@@ -50,8 +50,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if options["allow_anonymous"]:
             set_for_process(ALLOW_ANONYMOUS=True)
-        public_url = options["public_url"] or get_config()["PUBLIC_URL"] or self._own_url(options)
-        set_for_process(PUBLIC_URL=public_url)
+        if options["public_url"]:
+            set_for_process(PUBLIC_URL=options["public_url"])
         config = get_config()
         size = options["pool_size"] or config["POOL_SIZE"]
         if size < 1:
@@ -83,15 +83,6 @@ class Command(BaseCommand):
         finally:
             registry.shutdown()
             log.info("pool stopped")
-
-    @staticmethod
-    def _own_url(options):
-        """``ws://host:port`` when ``--host`` names one address; None for a wildcard (0.0.0.0,
-        ::), which says nothing of how clients reach it."""
-        host = options["host"]
-        if host in ("0.0.0.0", "::", ""):
-            return None
-        return f"ws://{f'[{host}]' if ':' in host else host}:{options['port']}"
 
     @staticmethod
     def _migrate(migrate):
