@@ -55,6 +55,7 @@ test: install install-multilingual lint browser $(NODE_STAMP)
 	$(PY) -m pytest -ra
 
 # The tests that need no real models, live server, browser, Node, PostgreSQL, Redis or wheel build
-# (the scripted backend through channels' test tools): minutes, not the full suite's half hour.
+# (the scripted backend through channels' test tools), nor a minute of real-time streaming: under
+# a minute. `pytest -m realtime` runs the turn-taking tests it leaves out.
 test-fast: install lint
-	$(PY) -m pytest -m "not (models or live or chromium or node or postgres or redis or wheel)"
+	$(PY) -m pytest -m "not (models or live or chromium or node or postgres or redis or wheel or realtime)"

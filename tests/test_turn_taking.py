@@ -16,7 +16,8 @@ from realtime.client import load_audio
 
 from .helpers import JFK, appends, check_turns_answered, jfk_segment, silence, speech_appends, user_text
 
-pytestmark = pytest.mark.usefixtures("scripted_pool")
+# The scripted backend's turn-taking, streamed at the recordings' own pace (the timing is the test).
+pytestmark = [pytest.mark.usefixtures("scripted_pool"), pytest.mark.realtime]
 
 # jfk.flac, as Silero hears it: speech 0.35-2.2 s ("And so my fellow Americans"), 3.3-4.4 s ("ask
 # not"), 5.4-7.6 s ("what your country can do for you"), 8.2-10.5 s ("ask what you can do for
