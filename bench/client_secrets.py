@@ -9,7 +9,6 @@ cluster with free units. Times are milliseconds from request to answer, as a cli
 """
 
 import argparse
-import json
 import tempfile
 import time
 import urllib.error
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 
-from pool.testing import LiveServer, RedisServer, free_port, postgres_database
+from pool.testing import LiveServer, free_port, shared_services
 
 from .common import emit, stats
 
@@ -62,10 +61,7 @@ def main():
     parser.add_argument("--concurrency", type=int, default=10)
     args = parser.parse_args()
     with ExitStack() as stack:
-        database = stack.enter_context(postgres_database())
-        redis = stack.enter_context(RedisServer())
-        env = {"DATABASE_URL": database, "REDIS_URL": redis.url, "S2S_BACKEND": "scripted",
-               "S2S_JSON": json.dumps({"CONNECTS_PER_MINUTE": None})}
+        env, database, _redis = shared_services(stack, CONNECTS_PER_MINUTE=None)
         ports = [free_port(), free_port()]
         servers = [stack.enter_context(LiveServer(Path(tempfile.mkdtemp(prefix="s2s-bench-")), pool_size=args.units,
                                                   env=env, port=port, args=("--public-url", f"ws://127.0.0.1:{port}")))

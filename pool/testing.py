@@ -176,6 +176,20 @@ def postgres_database(server=POSTGRES):
             db.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
+def shared_services(stack, **settings):
+    """A PostgreSQL database and a Redis of their own for several ``runpool`` processes, entered
+    on ``stack`` (a ``contextlib.ExitStack``). Returns ``(env, database URL, RedisServer)``:
+    ``env`` is a LiveServer environment on them, with the scripted test backend and ``settings``
+    as ``S2S_JSON``."""
+    import json
+
+    database = stack.enter_context(postgres_database())
+    redis = stack.enter_context(RedisServer())
+    env = {"DATABASE_URL": database, "REDIS_URL": redis.url, "S2S_BACKEND": "scripted",
+           "S2S_JSON": json.dumps(settings)}
+    return env, database, redis
+
+
 def run_stage(stage, messages, inbox=None, on_forward=None, timeout=5.0, ctx=None):
     """Run a pipeline stage as its unit thread would, for a test of that stage alone (as
     pipecat's ``run_test`` runs a processor). Returns ``(emitted, forwarded)``: the unit events

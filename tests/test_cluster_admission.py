@@ -12,7 +12,7 @@ import pytest
 import websockets
 from openai import AsyncOpenAI, RateLimitError
 
-from pool.testing import LiveServer, RedisServer, free_port, postgres_database, wait_until
+from pool.testing import LiveServer, free_port, shared_services, wait_until
 
 pytestmark = [pytest.mark.live, pytest.mark.postgres, pytest.mark.redis]
 
@@ -20,12 +20,9 @@ pytestmark = [pytest.mark.live, pytest.mark.postgres, pytest.mark.redis]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with ExitStack() as stack:
-        database = stack.enter_context(postgres_database())
-        redis = stack.enter_context(RedisServer())
         # The settings of deploy/compose.yaml: keys required, a shared database and layer.
-        env = {"DATABASE_URL": database, "REDIS_URL": redis.url, "S2S_BACKEND": "scripted",
-               "S2S_JSON": json.dumps({"RELEASE_AFTER_SECONDS": 2.0, "CONNECTS_PER_MINUTE": None,
-                                       "HEARTBEAT_SECONDS": 1.0})}
+        env, database, _redis = shared_services(stack, RELEASE_AFTER_SECONDS=2.0, CONNECTS_PER_MINUTE=None,
+                                                HEARTBEAT_SECONDS=1.0)
         a, b = (stack.enter_context(LiveServer(tmp_path_factory.mktemp(name), pool_size=size, env=env, port=port,
                                                args=("--public-url", f"ws://127.0.0.1:{port}")))
                 for name, size, port in (("a", 1, free_port()), ("b", 2, free_port())))

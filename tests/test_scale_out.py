@@ -13,16 +13,13 @@ import psycopg
 import pytest
 import websockets
 
-from pool.testing import LiveServer, RedisServer, postgres_database, wait_until
+from pool.testing import LiveServer, shared_services, wait_until
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with ExitStack() as stack:
-        database = stack.enter_context(postgres_database())
-        redis = stack.enter_context(RedisServer())
-        env = {"DATABASE_URL": database, "REDIS_URL": redis.url, "S2S_BACKEND": "scripted",
-               "S2S_JSON": json.dumps({"RELEASE_AFTER_SECONDS": 1.0, "ALLOW_ANONYMOUS": True})}
+        env, database, redis = shared_services(stack, RELEASE_AFTER_SECONDS=1.0, ALLOW_ANONYMOUS=True)
         a = stack.enter_context(LiveServer(tmp_path_factory.mktemp("a"), pool_size=1, env=env))
         b = stack.enter_context(LiveServer(tmp_path_factory.mktemp("b"), pool_size=1, env=env))
         a.create_admin()
