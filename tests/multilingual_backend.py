@@ -9,8 +9,10 @@ import re
 from pool.backends import load_default
 
 REPLIES = {  # what the scripted LLM says, by the language the instructions name
-    "Spanish": "Hola. Hoy hace sol en Madrid y la temperatura es agradable.",
-    "French": "Bonjour. Il fait beau à Paris aujourd'hui, avec un peu de vent.",
+    # Long enough for Whisper base to tell the language of the reply it hears back: a short
+    # "Hola." spoken in pieces was once heard as Italian.
+    "Spanish": "Buenos días. Hoy en Madrid hace sol, y la temperatura es muy agradable para pasear por la ciudad.",
+    "French": "Bonjour. Il fait beau à Paris aujourd'hui, avec un peu de vent, et il fera plus chaud demain.",
     "English": "Hello. It is sunny today, with a light wind.",
 }
 
