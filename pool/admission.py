@@ -24,11 +24,11 @@ import secrets
 from datetime import timedelta
 
 from asgiref.sync import sync_to_async
-from channels.db import database_sync_to_async
 from django.db import DatabaseError, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
+from . import database
 from .auth import Refusal, hash_key
 from .states import ProcessState, UnitState
 
@@ -210,9 +210,10 @@ async def _claim(registry, session_id, wait, only, skip):
 
 
 async def _database(fn, fallback, *args):
-    """``fn(*args)`` on Django's database thread; ``fallback`` (logged) when the database fails."""
+    """``fn(*args)`` on a connect thread (``pool.database``); ``fallback`` (logged) when the
+    database fails or is busy."""
     try:
-        return await database_sync_to_async(fn)(*args)
+        return await database.call(fn, *args)
     except DatabaseError as exc:
         log.warning("admission without reservations: the database failed (%s)", str(exc).strip())
         return fallback

@@ -8,6 +8,11 @@ connect:    accept (subprotocol "realtime" when offered) -> check the origin and
 receive:    parse the frame -> the session's state machine (``realtime.session``).
 send loop:  one task sends queued server events in order.
 disconnect: record the end, release the unit; it drains in the background (``pool.registry``).
+            Whatever ends the consumer (a close, an exception, a cancelled task), the unit is
+            released and the row ended: ``__call__`` does it in a ``finally``.
+
+Database work runs only at connect, on threads of its own (``pool.database``): no message of
+any session waits for the database.
 """
 
 import asyncio
@@ -18,11 +23,12 @@ import time
 import weakref
 from urllib.parse import parse_qs
 
-from channels.db import database_sync_to_async
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 
-from pool import admission, auth, metrics
+from pool import admission, auth, database, metrics
 from pool.conf import get_config
 from pool.ids import new_id
 from pool.recording import SessionRecording
@@ -38,7 +44,7 @@ from .session_config import session_defaults
 log = logging.getLogger(__name__)
 
 SUBPROTOCOL = "realtime"
-CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY_VIOLATION = 1000, 1001, 1008
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY_VIOLATION, CLOSE_INTERNAL_ERROR = 1000, 1001, 1008, 1011
 CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455 registry: a temporary server condition
 SUBMIT_RETRY_SECONDS = 0.005  # back-pressure poll while the unit's input queue is full
 SUBMIT_WAIT_LIMIT = 5.0  # then the event is refused with server_busy
@@ -61,13 +67,37 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
     sender = None
     watchdog = None
     end_reason = EndReason.CLIENT_CLOSE
+    api_key_id = None
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except Exception:
+            log.exception("session consumer failed")
+            self.end_reason, self.close_code = EndReason.ERROR, CLOSE_INTERNAL_ERROR
+            raise
+        finally:
+            self._end_session(getattr(self, "close_code", CLOSE_INTERNAL_ERROR))
+
+    async def dispatch(self, message):
+        # channels' own dispatch first closes Django's old database connections, on the one
+        # thread all consumers share: a locked database would then hold every message of every
+        # session. This consumer uses the database only through pool.database.
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+    async def websocket_disconnect(self, message):
+        await self.disconnect(message["code"])  # without channels' connection cleanup either
+        raise StopConsumer
 
     async def connect(self):
         subprotocols = self.scope.get("subprotocols") or []
         await self.accept(SUBPROTOCOL if SUBPROTOCOL in subprotocols else None)
         self.loop = asyncio.get_running_loop()
         self.outbox = asyncio.Queue()
-        session_id = new_id("sess")
+        self.session_id = session_id = new_id("sess")
         self.client_address = auth.client_address(self.scope)
         # The pool is built once per process (runpool builds it before serving); only the very
         # first connect of an embedding site pays for loading the models, off the event loop.
@@ -135,11 +165,9 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             return auth.Refusal("missing_api_key", "An API key is required: send 'Authorization: Bearer "
                                 "<key>' or the subprotocol 'openai-insecure-api-key.<key>'.")
         try:
-            api_key, refusal = await database_sync_to_async(auth.check_key)(key, self.registry.records.process_id)
-        except DatabaseError:
-            log.warning("an API key could not be checked: the database is unavailable")
-            return auth.Refusal("database_unavailable", "The server cannot check API keys right now; "
-                                "try again shortly.", CLOSE_TRY_AGAIN_LATER)
+            api_key, refusal = await database.call(auth.check_key, key, self.registry.records.process_id)
+        except DatabaseError as exc:
+            return _database_refusal(exc, "API keys")
         if refusal is not None:
             return refusal
         if api_key.max_sessions is not None and api_key.open_elsewhere + KEY_SESSIONS[api_key.pk] >= api_key.max_sessions:
@@ -152,12 +180,9 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
     async def _redeem(self, value):
         """A client secret: its reserved unit, starting session and API key (pool.admission)."""
         try:
-            self.secret, refusal = await database_sync_to_async(admission.redeem)(
-                value, self.registry.records.process_id)
-        except DatabaseError:
-            log.warning("a client secret could not be checked: the database is unavailable")
-            return auth.Refusal("database_unavailable", "The server cannot check client secrets right now; "
-                                "try again shortly.", CLOSE_TRY_AGAIN_LATER)
+            self.secret, refusal = await database.call(admission.redeem, value, self.registry.records.process_id)
+        except DatabaseError as exc:
+            return _database_refusal(exc, "client secrets")
         if refusal is None and self.secret.api_key is not None:
             KEY_SESSIONS[self.secret.api_key_id] += 1  # its limit was applied when it was issued
             self.api_key_id, self.record_audio = self.secret.api_key_id, self.secret.api_key.record_audio
@@ -178,7 +203,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self._release_key()
         if self.secret is not None:
             try:
-                await database_sync_to_async(admission.release)(self.secret)
+                await database.call(admission.release, self.secret)
             except DatabaseError:
                 pass  # the reservation then ends when the secret expires
         metrics.SESSIONS_REFUSED.labels(metrics.PROCESS, code).inc()
@@ -271,11 +296,21 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         await self.close(code=code)
 
     async def disconnect(self, code):
+        self._end_session(getattr(self, "close_code", code))
+
+    def _end_session(self, code):
+        """Record the end and release the unit (and the key's count); once, whatever ends the
+        consumer. Nothing here may fail on what the client sent."""
+        self._release_key()
         if self.unit is None:
             return
         LIVE.discard(self)
+        unit, self.unit = self.unit, None
         session, self.session = self.session, None
-        session.close()
+        stats = {}
+        if session is not None:
+            session.close()
+            stats = session.stats
         for task in (self.sender, self.watchdog):
             if task:
                 task.cancel()
@@ -285,14 +320,11 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         self.sender = self.watchdog = None
         while not self.outbox.empty():
             self.outbox.get_nowait()
-        code = getattr(self, "close_code", code)
-        self.registry.records.session_ended(session.id, self.end_reason, code, session.stats)
-        self.registry.release(self.unit)
-        self._release_key()
+        self.registry.records.session_ended(self.session_id, self.end_reason, code, stats)
+        self.registry.release(unit)
         metrics.SESSIONS_ENDED.labels(metrics.PROCESS, self.end_reason).inc()
-        log.info("session %s ended (%s, close code %s) on unit %s: %s", session.id, self.end_reason,
-                 code, self.unit.index, {k: v for k, v in session.stats.items() if v})
-        self.unit = None
+        log.info("session %s ended (%s, close code %s) on unit %s: %s", self.session_id, self.end_reason,
+                 code, unit.index, {k: v for k, v in stats.items() if v})
 
 
 async def close_all(reason=EndReason.SHUTDOWN, code=CLOSE_GOING_AWAY):
@@ -300,3 +332,15 @@ async def close_all(reason=EndReason.SHUTDOWN, code=CLOSE_GOING_AWAY):
     consumers = list(LIVE)
     await asyncio.gather(*(c.end(reason, code) for c in consumers), return_exceptions=True)
     return len(consumers)
+
+
+def _database_refusal(exc, what):
+    """The refusal of a connect whose ``what`` (API keys, client secrets) could not be checked:
+    the database is busy (a lock held elsewhere) or down. Both are temporary: close 1013."""
+    if isinstance(exc, database.DatabaseBusyError):
+        log.warning("%s could not be checked in time: the database is busy (%s)", what, exc)
+        return auth.Refusal("server_busy", f"The server cannot check {what} right now (the database is "
+                            "busy); try again shortly.", CLOSE_TRY_AGAIN_LATER)
+    log.warning("%s could not be checked: the database is unavailable (%s)", what, str(exc).strip())
+    return auth.Refusal("database_unavailable", f"The server cannot check {what} right now; try again "
+                        "shortly.", CLOSE_TRY_AGAIN_LATER)

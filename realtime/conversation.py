@@ -12,8 +12,6 @@ from pool.ids import new_id
 
 from .errors import ProtocolError
 
-_CONTENT_TYPES = ("input_text", "input_audio", "text", "output_text", "output_audio")
-
 
 def public(item):
     """An item as sent on the wire (without private bookkeeping keys)."""
@@ -43,27 +41,10 @@ def function_call(call_id, name):
 
 
 def normalise_item(item):
-    """A client's item (``conversation.item.create``, ``response.input``) checked and completed
-    with ``id``, ``object`` and ``status``. Raises ProtocolError naming the bad field."""
-    kind = item.get("type", "message")
-    item = {**copy.deepcopy(item), **new_item(kind, item.get("status") or "completed", item.get("id"))}
-    if kind == "message":
-        if item.get("role") not in ("user", "assistant", "system"):
-            raise ProtocolError("invalid_value", "item.role must be user, assistant or system.",
-                                param="item.role")
-        if not isinstance(item.get("content"), list):
-            raise ProtocolError("invalid_type", "item.content must be a list.", param="item.content")
-        for i, part in enumerate(item["content"]):
-            if not isinstance(part, dict) or part.get("type") not in _CONTENT_TYPES:
-                raise ProtocolError("invalid_value", "Unsupported content part.", param=f"item.content[{i}]")
-    elif kind in ("function_call", "function_call_output"):
-        fields = ("call_id", "name", "arguments") if kind == "function_call" else ("call_id", "output")
-        for name in fields:
-            if not isinstance(item.get(name), str):
-                raise ProtocolError("invalid_type", f"item.{name} must be a string.", param=f"item.{name}")
-    else:
-        raise ProtocolError("invalid_value", f"Unsupported item type {str(kind)[:50]!r}.", param="item.type")
-    return item
+    """A client's item (``conversation.item.create``, ``response.input``), already of the shape
+    ``realtime.schema.Item``, completed with ``id``, ``object`` and ``status``."""
+    return {**copy.deepcopy(item), **new_item(item.get("type", "message"), item.get("status") or "completed",
+                                              item.get("id"))}
 
 
 def item_message(item):

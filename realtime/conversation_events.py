@@ -4,15 +4,13 @@ and ``history``). The items themselves are ``realtime.conversation``'s."""
 
 from . import conversation as conv
 from .errors import ProtocolError
-from .events import require
 
 
 class ConversationEvents:
     """``conversation.item.create``, ``.retrieve`` and ``.delete`` (mixed into ``RealtimeSession``)."""
 
     def _on_conversation_item_create(self, event):
-        item = require(event, "item", dict)
-        previous = require(event, "previous_item_id", str, optional=True)
+        item, previous = event["item"], event.get("previous_item_id")
         if previous is not None and previous != "root" and previous not in self.items:
             raise ProtocolError("item_not_found", f"Item with id '{previous}' not found.",
                                 param="previous_item_id")
@@ -27,11 +25,11 @@ class ConversationEvents:
         self.history.item(item)
 
     def _on_conversation_item_retrieve(self, event):
-        item = self.conversation.get(require(event, "item_id", str))
+        item = self.conversation.get(event["item_id"])
         self.send("conversation.item.retrieved", item=conv.public(item))
 
     def _on_conversation_item_delete(self, event):
-        item_id = require(event, "item_id", str)
+        item_id = event["item_id"]
         self.conversation.delete(item_id)
         self.send("conversation.item.deleted", item_id=item_id)
 

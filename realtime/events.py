@@ -1,29 +1,37 @@
-"""Parsing client frames into client events, and the envelope checks every event gets.
+"""Parsing client frames into client events: JSON, text that can be stored, the event's shape.
 
-A client event is a JSON object with a string ``type`` and an optional string ``event_id``.
-Anything else is answered with an ``error`` event (never a dropped socket):
+A client event is a JSON object with a string ``type`` and an optional string ``event_id``, whose
+fields have the shape ``realtime.schema`` gives its type. Anything else is answered with an
+``error`` event (never a dropped socket):
 
 - ``invalid_json``: the text frame is not JSON, or is nested deeper than ``MAX_DEPTH``;
 - ``invalid_frame``: a binary frame (the protocol is JSON text only);
 - ``invalid_event``: JSON that is not an object;
-- ``missing_required_parameter``: no ``type``;
-- ``invalid_type``: a field of the wrong type (``param`` names it);
+- ``missing_required_parameter``: no ``type``, or a required field missing;
+- ``invalid_type`` / ``invalid_value``: a field of the wrong type or value (``param`` names it),
+  or text holding NUL (U+0000) or an unpaired UTF-16 surrogate (``\\ud800``): neither is text
+  that every database can store, or that a client in another language could read back;
 - ``unknown_event_type``: a ``type`` that is not one of the client events;
 - ``unknown_parameter``: a field the event type does not have (the event is not carried out).
 """
 
 import json
+import re
 
+from . import schema
 from .errors import ProtocolError
 
 # JSON nested deeper than this is refused: copying or validating it would exhaust Python's
 # stack (a tool's JSON schema of a few levels is far below it).
 MAX_DEPTH = 64
+CLIENT_EVENT_TYPES = frozenset(schema.CLIENT_EVENTS)
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # after parsing, a surrogate is unpaired
 
 
 def loads(text):
-    """``json.loads`` for client input: a dict or list nested at most MAX_DEPTH deep. Raises
-    ProtocolError ``invalid_json``."""
+    """``json.loads`` for client input (str or bytes): a value nested at most MAX_DEPTH deep
+    whose strings hold neither NUL nor an unpaired surrogate. Raises ProtocolError
+    ``invalid_json`` or (for such text) ``invalid_value``, naming the field."""
     try:
         value = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -35,23 +43,27 @@ def loads(text):
             raise ProtocolError("invalid_json", f"The message is nested more than {MAX_DEPTH} levels deep.")
         level = [child for node in level if isinstance(node, (dict, list))
                  for child in (node.values() if isinstance(node, dict) else node)]
+    # Such text can only come from a JSON escape, or from bytes decoded with surrogatepass: the
+    # scan of every string runs only then (an audio append is plain ASCII).
+    if isinstance(text, bytes) or not text.isascii() or "\\u" in text:
+        _check_text(value)
     return value
 
-# Client event type -> the fields it may carry besides ``type`` and ``event_id``.
-CLIENT_EVENT_FIELDS = {
-    "session.update": {"session"},
-    "input_audio_buffer.append": {"audio"},
-    "input_audio_buffer.commit": set(),
-    "input_audio_buffer.clear": set(),
-    "conversation.item.create": {"item", "previous_item_id"},
-    "conversation.item.retrieve": {"item_id"},
-    "conversation.item.truncate": {"item_id", "content_index", "audio_end_ms"},
-    "conversation.item.delete": {"item_id"},
-    "response.create": {"response"},
-    "response.cancel": {"response_id"},
-    "output_audio_buffer.clear": set(),
-}
-CLIENT_EVENT_TYPES = frozenset(CLIENT_EVENT_FIELDS)
+
+def _check_text(value, path=""):
+    """Raise ProtocolError ``invalid_value`` at the first string (or key) of ``value`` holding
+    NUL or an unpaired surrogate."""
+    if isinstance(value, str):
+        if _UNSTORABLE.search(value):
+            raise ProtocolError("invalid_value", f"'{path or 'the message'}' holds NUL (U+0000) or an unpaired "
+                                "UTF-16 surrogate, which is not text that can be kept.", param=path or None)
+    elif isinstance(value, dict):
+        for key, child in value.items():
+            _check_text(key, path)
+            _check_text(child, f"{path}.{key}" if path else key)
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            _check_text(child, f"{path}[{i}]")
 
 
 def parse_client_frame(text_data=None, bytes_data=None):
@@ -72,24 +84,5 @@ def parse_client_frame(text_data=None, bytes_data=None):
     if event["type"] not in CLIENT_EVENT_TYPES:
         raise ProtocolError("unknown_event_type", f"Unknown event type: {event['type'][:100]!r}.",
                             param="type", event_id=event_id)
-    for name in event:
-        if name not in ("type", "event_id") and name not in CLIENT_EVENT_FIELDS[event["type"]]:
-            raise ProtocolError("unknown_parameter", f"Unknown parameter: '{name[:100]}'.",
-                                param=name[:100], event_id=event_id)
+    schema.check(event)
     return event
-
-
-def require(event, name, kind, *, optional=False, default=None):
-    """``event[name]`` checked to be of ``kind`` (a type or tuple). Raises ProtocolError."""
-    if name not in event or (optional and event[name] is None):
-        if optional:
-            return default
-        raise ProtocolError("missing_required_parameter", f"Missing required parameter: '{name}'.",
-                            param=name, event_id=event.get("event_id"))
-    value = event[name]
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        value = None  # bool is an int subclass; never accept it as a number
-    if not isinstance(value, kind):
-        raise ProtocolError("invalid_type", f"'{name}' has the wrong type.", param=name,
-                            event_id=event.get("event_id"))
-    return value

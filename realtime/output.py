@@ -10,16 +10,14 @@ become output items here. When a response starts and ends is the session's
 
 from . import conversation as conv
 from .errors import ProtocolError
-from .events import require
 
 
 class ResponseOutput:
     """Output items of the active response (mixed into ``RealtimeSession``)."""
 
     def _on_conversation_item_truncate(self, event):
-        item = self.conversation.get(require(event, "item_id", str))
-        content_index = require(event, "content_index", int)
-        audio_end_ms = require(event, "audio_end_ms", int)
+        item = self.conversation.get(event["item_id"])
+        content_index, audio_end_ms = event["content_index"], event["audio_end_ms"]
         if item.get("role") != "assistant" or not item["content"] or content_index != 0:
             raise ProtocolError("invalid_value", "Only an assistant audio item's content 0 can be "
                                 "truncated.", param="content_index")

@@ -12,10 +12,6 @@ from .errors import ProtocolError
 LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "pt": "Portuguese",
                   "hi": "Hindi", "de": "German", "ja": "Japanese", "zh": "Chinese"}
 
-_OVERRIDES = {"instructions", "tools", "tool_choice", "output_modalities", "conversation", "input",
-              "metadata", "max_output_tokens", "audio", "modalities", "voice",
-              "output_audio_format", "temperature", "prompt", "tracing"}
-
 
 class Response:
     """One response in progress. ``job``: its ``pool.messages.ResponseJob``; ``automatic``:
@@ -67,12 +63,9 @@ def with_reply_language(instructions, language):
 
 def response_params(config, overrides, resolve_item, max_tokens_cap):
     """The effective parameters of a response: ``overrides`` (``response.create``'s ``response``)
-    over the session ``config``. ``resolve_item(item_id)`` finds an ``item_reference``.
-    Raises ProtocolError naming the bad field."""
-    for key in overrides:
-        if key not in _OVERRIDES:
-            raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.{key}'.",
-                                param=f"response.{key}")
+    over the session ``config``; their types are checked already (``realtime.schema``).
+    ``resolve_item(item_id)`` finds an ``item_reference``. Raises ProtocolError naming the bad
+    field."""
     modalities = overrides.get("output_modalities", overrides.get("modalities", config["output_modalities"]))
     if isinstance(modalities, list) and "audio" in modalities:
         modalities = ["audio"]
@@ -92,14 +85,10 @@ def response_params(config, overrides, resolve_item, max_tokens_cap):
     if conversation not in ("auto", "none"):
         raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'.",
                             param="response.conversation")
-    metadata = overrides.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise ProtocolError("invalid_type", "metadata must be an object.", param="response.metadata")
     input_items = overrides.get("input")
     if input_items is not None:
-        if not isinstance(input_items, list):
-            raise ProtocolError("invalid_type", "input must be a list of items.", param="response.input")
-        input_items = [_input_item(entry, i, resolve_item) for i, entry in enumerate(input_items)]
+        input_items = [resolve_item(entry["id"]) if entry.get("type") == "item_reference" else normalise_item(entry)
+                       for entry in input_items]
     return {
         "modality": modalities[0],
         "instructions": instructions,
@@ -107,14 +96,7 @@ def response_params(config, overrides, resolve_item, max_tokens_cap):
         "tools": tools,
         "tool_choice": tool_choice,
         "conversation": conversation == "auto",
-        "metadata": metadata,
+        "metadata": overrides.get("metadata"),
         "input": input_items,
     }
 
-
-def _input_item(entry, index, resolve_item):
-    if isinstance(entry, dict) and entry.get("type") == "item_reference":
-        return resolve_item(entry.get("id"))
-    if not isinstance(entry, dict):
-        raise ProtocolError("invalid_type", "input entries must be objects.", param=f"response.input[{index}]")
-    return normalise_item(entry)

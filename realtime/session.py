@@ -31,7 +31,6 @@ from . import session_config as sc
 from .audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
 from .conversation_events import ConversationEvents
 from .errors import ProtocolError
-from .events import require
 from .history import SessionHistory
 from .output import ResponseOutput
 from .responses import Response, response_params, with_reply_language
@@ -40,6 +39,12 @@ from .turns import TurnTaking
 log = logging.getLogger(__name__)
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+def server_error(event_id=None):
+    """The ``error`` of an event the server failed to carry out (a bug; logged)."""
+    return ProtocolError("server_error", "The server failed to carry out this event; the session goes on.",
+                         type="server_error", event_id=event_id)
 
 
 @functools.cache
@@ -139,7 +144,8 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
     # --- client events ---------------------------------------------------------------------
 
     def handle_client_event(self, event):
-        """Carry out one parsed client event; a ProtocolError becomes an ``error`` event."""
+        """Carry out one parsed client event; a ProtocolError becomes an ``error`` event, and so
+        does a bug (``server_error``, logged with its traceback): the session goes on."""
         handler = getattr(self, "_on_" + event["type"].replace(".", "_"))
         try:
             handler(event)
@@ -147,9 +153,12 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
             if error.event_id is None:
                 error.event_id = event.get("event_id")
             self.send_error(error)
+        except Exception:  # noqa: BLE001 - one event's bug must not end the session
+            log.exception("session %s: %s failed", self.id, event["type"])
+            self.send_error(server_error(event.get("event_id")))
 
     def _on_session_update(self, event):
-        self._update_config(require(event, "session", dict))
+        self._update_config(event["session"])
         self.send("session.updated", session=copy.deepcopy(self.config))
 
     def _update_config(self, update):
@@ -163,9 +172,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
             self.turns.input_reset()  # manual turns: the VAD no longer ends speech
 
     def _on_input_audio_buffer_append(self, event):
-        audio = require(event, "audio", str)
-        if not audio:
-            raise ProtocolError("invalid_value", "'audio' is empty.", param="audio")
+        audio = event["audio"]
         self.submit(m.AppendInput(audio, event.get("event_id")))
         self.stats["audio_in_seconds"] += len(audio) * 3 / 4 / bytes_per_second(self._input_format)
 
@@ -176,11 +183,10 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         self.submit(m.ClearInput(event.get("event_id")))
 
     def _on_response_create(self, event):
-        overrides = require(event, "response", dict, optional=True, default={})
-        self.create_response(overrides, event.get("event_id"))
+        self.create_response(event.get("response") or {}, event.get("event_id"))
 
     def _on_response_cancel(self, event):
-        response_id = require(event, "response_id", str, optional=True)
+        response_id = event.get("response_id")
         if self.response is None or (response_id and response_id != self.response.id):
             raise ProtocolError("response_cancel_not_active",
                                 "Cancellation failed: no active response found.")
@@ -264,14 +270,17 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
     def handle_pipeline_event(self, event):
         """One event from the unit's stage threads (called on the event loop). Turn-taking may
         hold it back (speech not yet known to be a turn) and hand it back later."""
-        if self.turns.intercept(event):
-            return
-        handler = getattr(self, _pipeline_handler_name(type(event)), None)
-        if handler:
-            try:
+        try:
+            if self.turns.intercept(event):
+                return
+            handler = getattr(self, _pipeline_handler_name(type(event)), None)
+            if handler:
                 handler(event)
-            except ProtocolError as error:
-                self.send_error(error)
+        except ProtocolError as error:
+            self.send_error(error)
+        except Exception:  # noqa: BLE001 - one event's bug must not end the session
+            log.exception("session %s: %s failed", self.id, type(event).__name__)
+            self.send_error(server_error())
 
     def _on_speech_started(self, event):
         self._turn_marks = Marks()
