@@ -19,9 +19,12 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from .states import LIVE_PROCESS_STATES, EndReason, ProcessState, SessionState, UnitState
+from .storable import storable_row
 
 log = logging.getLogger(__name__)
 
@@ -121,18 +124,33 @@ class Records(NoRecords):
                                                  timezone.now())))
 
     def session_ended(self, session_id, reason, close_code, counts):
+        """The session's end (``counts``: the row's counters and ``last_error``). The end is its
+        own write of the server's own values, so it cannot fail on what the client sent."""
+        from .models import Session
+
+        counts = dict(counts)
+        last_error = counts.pop("last_error", "")
         self._put((self._session_ended, (session_id, reason, close_code, counts, timezone.now())))
+        if last_error:
+            self._put((self._update_session, (session_id, storable_row(Session, {"last_error": last_error}))))
 
     def unit_changed(self, unit, old, new, session_id):
         self._put((self._unit_changed, (unit.index, old, new, session_id, timezone.now(), unit.state_seq)))
 
     def history(self, session_id, record):
-        """Keep an ``ItemRecord`` or ``ResponseRecord`` of a session."""
-        self._put((self._history, (session_id, record)))
+        """Keep an ``ItemRecord`` or ``ResponseRecord`` of a session, made storable now."""
+        from .models import ConversationItem, SessionResponse
+
+        fields = {"session_id": session_id, **asdict(record)}
+        if isinstance(record, ItemRecord):
+            self._put((self._history, (ConversationItem, storable_row(ConversationItem, fields))))
+        else:
+            fields.update(fields.pop("timings") or {})
+            self._put((self._history, (SessionResponse, storable_row(SessionResponse, fields))))
 
     def recording_saved(self, session_id, names):
         """A session's recording is stored: ``names`` maps "user"/"assistant" to storage names."""
-        self._put((self._recording_saved, (session_id, names)))
+        self._put((self._update_session, (session_id, {f"{side}_audio": name for side, name in names.items()})))
 
     def process_draining(self):
         """This process drains: its row says so (the cluster gives it no new reservations)."""
@@ -264,24 +282,14 @@ class Records(NoRecords):
             ended_at=now, end_reason=reason, close_code=close_code,
             release_after=now + timedelta(seconds=self.release_after), **counts)
 
-    def _history(self, session_id, record):
-        from .models import ConversationItem, SessionResponse
-
+    def _history(self, model, fields):
         # ignore_conflicts: a batch whose commit was cut off by an outage may be written again.
-        if isinstance(record, ItemRecord):
-            ConversationItem.objects.bulk_create([ConversationItem(session_id=session_id, **asdict(record))],
-                                                 ignore_conflicts=True)
-        else:
-            fields = asdict(record)
-            timings = fields.pop("timings") or {}
-            SessionResponse.objects.bulk_create([SessionResponse(session_id=session_id, **fields, **timings)],
-                                                ignore_conflicts=True)
+        model.objects.bulk_create([model(**fields)], ignore_conflicts=True)
 
-    def _recording_saved(self, session_id, names):
+    def _update_session(self, session_id, fields):
         from .models import Session
 
-        Session.objects.filter(session_id=session_id).update(
-            **{f"{side}_audio": name for side, name in names.items()})
+        Session.objects.filter(session_id=session_id).update(**fields)
 
     def _unit_changed(self, index, old, new, session_id, now, seq):
         from .models import Session, Unit
@@ -348,7 +356,9 @@ class Records(NoRecords):
                 state=ProcessState.STOPPED, stopped_at=now, heartbeat_at=now)
 
     def _mark_lost(self):
-        """Processes silent for ``lost_after_seconds``: lost, and their open sessions too."""
+        """Processes silent for ``lost_after_seconds``: lost, and their open sessions too. A lost
+        session ended at its process's last sign of life (its last heartbeat), not when that
+        silence was noticed."""
         from .models import ServerProcess, Session
 
         now = timezone.now()
@@ -356,13 +366,14 @@ class Records(NoRecords):
             state__in=LIVE_PROCESS_STATES, heartbeat_at__lt=now - timedelta(seconds=self.lost_after_seconds))
         if self.process_id:
             silent = silent.exclude(pk=self.process_id)
-        lost = list(silent.values_list("pk", flat=True))
+        lost = dict(silent.values_list("pk", "heartbeat_at"))
         if not lost:
             return
         with transaction.atomic():
-            Session.objects.filter(process_id__in=lost, ended_at__isnull=True).update(
-                ended_at=now, end_reason=EndReason.LOST)
+            for process_id, last_beat in lost.items():
+                Session.objects.filter(process_id=process_id, ended_at__isnull=True).update(
+                    ended_at=Greatest(F("created_at"), Value(last_beat)), end_reason=EndReason.LOST)
+                ServerProcess.objects.filter(pk=process_id).update(state=ProcessState.LOST, stopped_at=last_beat)
             Session.objects.filter(process_id__in=lost, state__in=[SessionState.ACTIVE, SessionState.DRAINING]).update(
                 state=SessionState.LOST)
-            ServerProcess.objects.filter(pk__in=lost).update(state=ProcessState.LOST, stopped_at=now)
-        log.warning("pool records: processes %s stopped heart-beating; their sessions are lost", lost)
+        log.warning("pool records: processes %s stopped heart-beating; their sessions are lost", list(lost))

@@ -3,8 +3,9 @@
 The session tells ``SessionHistory`` when an item is final (a user turn once transcribed, a reply
 once it has stopped, a client's item at once), when it sent an error and how each response
 ended. Each becomes one record (``pool.records.ItemRecord`` / ``ResponseRecord``) on the
-recorder's queue: written by the recorder thread in batches, never per audio frame, and never
-waited for. At most ``max_items`` records are kept per session; past that they are counted.
+recorder's queue, made storable there (``pool.storable``): written by the recorder thread in
+batches, never per audio frame, and never waited for. At most ``max_items`` records are kept per
+session; past that they are counted.
 """
 
 import statistics
@@ -13,19 +14,6 @@ import time
 from pool.records import ItemRecord, ResponseRecord
 
 from .conversation import public
-
-TEXT_LIMIT = 10_000  # characters kept of one text: a client item may be 15 MiB
-
-
-def _cut(value):
-    """``value`` (an item's JSON) with every string cut to TEXT_LIMIT characters."""
-    if isinstance(value, str):
-        return value[:TEXT_LIMIT]
-    if isinstance(value, list):
-        return [_cut(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _cut(v) for k, v in value.items()}
-    return value
 
 
 def item_text(item):
@@ -86,8 +74,8 @@ class SessionHistory:
         audio_ms = item.get("_audio_ms")
         self._keep(ItemRecord(
             item_id=item["id"], kind=item["type"], role=item.get("role", ""), status=item.get("status", ""),
-            text=item_text(item)[:TEXT_LIMIT], at_ms=self._opened.pop(item["id"], None) or self.now_ms(),
-            data=_cut(public(item)), audio_start_ms=start, audio_end_ms=end,
+            text=item_text(item), at_ms=self._opened.pop(item["id"], None) or self.now_ms(),
+            data=public(item), audio_start_ms=start, audio_end_ms=end,
             audio_ms=None if audio_ms is None else int(audio_ms),
             interrupted=item.get("role") == "assistant" and item.get("status") == "incomplete",
             voice=voice, language=item.get("_language") or "", response_id=response_id))
@@ -95,7 +83,7 @@ class SessionHistory:
     def error(self, event_id, error):
         """Keep an ``error`` event sent (``error``: its error object)."""
         self._keep(ItemRecord(item_id=event_id, kind="error", role="", status="", at_ms=self.now_ms(),
-                              text=f"{error['code']}: {error['message']}"[:TEXT_LIMIT], data=_cut(error)))
+                              text=f"{error['code']}: {error['message']}", data=error))
 
     def response(self, response_id, status, details, usage, timings):
         """Keep how a response ended (``details``: its status_details; ``timings``: a

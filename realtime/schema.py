@@ -91,6 +91,7 @@ def _item_type(value):
     return value.get("type", "message") if isinstance(value, dict) else None
 
 
+ITEM_TYPES = ("message", "function_call", "function_call_output")  # the items a client may create
 _ITEMS = (Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
           | Annotated[FunctionCallOutputItem, Tag("function_call_output")])
 Item = Annotated[_ITEMS, Discriminator(_item_type)]

@@ -19,6 +19,7 @@ from .audio import FORMAT_TYPES, PCM_RATE
 from .errors import ProtocolError
 
 MAX_INSTRUCTIONS_CHARS = 32_000
+MAX_VOICE_CHARS = 64  # a voice name or id (the history's column holds as much)
 MAX_OUTPUT_TOKENS_LIMIT = 4096
 
 SERVER_VAD_DEFAULTS = {
@@ -290,6 +291,8 @@ def validate(session):
     voice = audio_out.get("voice")
     if not isinstance(voice, str) or not voice.strip():
         _fail("audio.output.voice", "'voice' must be a non-empty string.", "invalid_type")
+    if len(voice) > MAX_VOICE_CHARS:
+        _fail("audio.output.voice", f"'voice' is limited to {MAX_VOICE_CHARS} characters.")
     _number(audio_out.get("speed"), "audio.output.speed", 0.25, 1.5)
     _validate_turn_detection(audio_in.get("turn_detection"))
 

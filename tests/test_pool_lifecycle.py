@@ -16,6 +16,7 @@ from django.db.backends.signals import connection_created
 from django.test import Client as HttpClient
 from django.utils import timezone
 
+from pool import database
 from pool.backends.scripted import SCRIPT
 from pool.conf import get_config
 from pool.models import ServerProcess, Session, Unit
@@ -193,11 +194,14 @@ async def test_session_values_never_leak_to_the_next_session_on_the_unit(recorde
 
 
 def _names():
-    # Left out: the event loop's bounded executor (asyncio.to_thread, "asyncio_N") and
-    # unnamed executors ("ThreadPoolExecutor-N_M"): asgiref's sync_to_async starts one lazily
-    # (channels closes old database connections through it). Every thread of ours is named.
-    return sorted(t.name for t in threading.enumerate()
-                  if not t.name.startswith(("asyncio_", "ThreadPoolExecutor-")))
+    # Left out: the bounded executors, which start their threads as they are needed: the event
+    # loop's (asyncio.to_thread, "asyncio_N"), the connects' database threads (pool.database,
+    # at most THREADS), and unnamed ones ("ThreadPoolExecutor-N_M": asgiref's sync_to_async
+    # starts one lazily). Every thread of ours is named.
+    names = [t.name for t in threading.enumerate()]
+    assert sum(name.startswith(database.THREAD_PREFIX) for name in names) <= database.THREADS
+    return sorted(name for name in names if not name.startswith(("asyncio_", "ThreadPoolExecutor-",
+                                                                  database.THREAD_PREFIX)))
 
 
 def _threads():
@@ -303,16 +307,23 @@ def test_pool_status_is_for_staff_or_the_token(client, admin_client, settings, s
 
 @pytest.mark.django_db(transaction=True)
 def test_processes_that_stopped_heart_beating_are_lost_with_their_sessions():
-    old = timezone.now() - timedelta(minutes=5)
-    crashed = ServerProcess.objects.create(host="h", pid=2, pool_size=1, heartbeat_at=old)
-    Session.objects.create(session_id="sess_open", process=crashed, unit_index=0, created_at=old)
+    """A lost session ended at its process's last heartbeat (its last sign of life), not when the
+    silence was noticed; one that began after that beat, when it began."""
+    started = timezone.now() - timedelta(minutes=5)
+    last_beat = started + timedelta(seconds=7)
+    crashed = ServerProcess.objects.create(host="h", pid=2, pool_size=1, heartbeat_at=last_beat)
+    Session.objects.create(session_id="sess_open", process=crashed, unit_index=0, created_at=started)
+    late = last_beat + timedelta(seconds=2)
+    Session.objects.create(session_id="sess_late", process=crashed, unit_index=1, created_at=late)
     records = Records(release_after=10, heartbeat_seconds=60, lost_after_seconds=30)
     records.start([])
     try:
         crashed.refresh_from_db()
         row = Session.objects.get(session_id="sess_open")
-        assert crashed.state == ProcessState.LOST
-        assert (row.state, row.end_reason) == (SessionState.LOST, EndReason.LOST) and row.ended_at
+        assert crashed.state == ProcessState.LOST and crashed.stopped_at == last_beat
+        assert (row.state, row.end_reason) == (SessionState.LOST, EndReason.LOST)
+        assert row.ended_at == last_beat and row.duration == 7.0
+        assert Session.objects.get(session_id="sess_late").ended_at == late
     finally:
         records.stop()
     assert ServerProcess.objects.get(pk=records.process_id).state == ProcessState.STOPPED
