@@ -12,6 +12,11 @@ soundfile (libsndfile) as FLAC on a thread of its own and stores them through Dj
 
 The assistant file is the replies one after another, as sent (the session history says where
 each began and where one was cut: ``ConversationItem.at_ms``).
+
+A storage error (the temporary folder or the media storage full, read-only or gone) costs the
+recording and nothing else: it is logged in one line, the recording stops (its temporary files
+are removed), and a file the storage had begun to write is deleted, so no file is left that no
+row points to. The session, its turns and its history go on.
 """
 
 import collections
@@ -41,9 +46,15 @@ class SessionRecording:
 
     def __init__(self, session_id):
         self.session_id = session_id
-        self._raw = {side: tempfile.TemporaryFile(prefix="s2s-recording-") for side in RATES}
         self.samples = dict.fromkeys(RATES, 0)
         self._sent = collections.deque()  # assistant phrases forwarded, not yet written
+        self.stopped = False  # by a storage error: nothing more is written or stored
+        self._raw = {}
+        try:
+            for side in RATES:
+                self._raw[side] = tempfile.TemporaryFile(prefix="s2s-recording-")
+        except OSError as exc:
+            self._stop(exc)
 
     def user(self, samples):
         """The VAD thread: client audio as decoded (16 kHz)."""
@@ -51,7 +62,8 @@ class SessionRecording:
 
     def sent(self, samples):
         """The event loop: a phrase of the assistant forwarded to the client (24 kHz)."""
-        self._sent.append(samples)
+        if not self.stopped:
+            self._sent.append(samples)
 
     def write_sent(self):
         """The TTS thread: write the phrases forwarded so far."""
@@ -59,8 +71,23 @@ class SessionRecording:
             self._write("assistant", self._sent.popleft())
 
     def _write(self, side, samples):
-        self._raw[side].write((np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+        if self.stopped:
+            return
+        try:
+            self._raw[side].write((np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+        except (OSError, ValueError) as exc:  # ValueError: closed by the other side's _stop
+            self._stop(exc)
+            return
         self.samples[side] += len(samples)
+
+    def _stop(self, exc):
+        """A storage error: the recording ends here (logged once), its temporary files go."""
+        if self.stopped:
+            return
+        self.stopped = True
+        log.error("session %s: its recording stopped, the session goes on: %s", self.session_id, exc)
+        self._sent.clear()
+        self._discard()
 
     def save(self, on_saved):
         """Encode and store both sides on a new thread, then call ``on_saved({side: name})``
@@ -72,26 +99,30 @@ class SessionRecording:
         """Close the temporary files (closing deletes them). A recording that is never saved (a
         drain that never ends) is closed the same way when it is garbage-collected."""
         for raw in self._raw.values():
-            raw.close()
+            try:
+                raw.close()
+            except OSError:
+                pass  # the buffered rest could not be written (a full disk): the file goes all the same
 
     def _save(self, on_saved):
         names = {}
-        try:
-            self.write_sent()
-            day = timezone.now().strftime("%Y/%m/%d")
-            for side, raw in self._raw.items():
-                if self.samples[side]:
-                    name = str(PurePosixPath(FOLDER, day, f"{self.session_id}-{side}.flac"))
+        self.write_sent()
+        day = timezone.now().strftime("%Y/%m/%d")
+        for side, raw in self._raw.items():
+            if self.samples[side] and not self.stopped:
+                name = str(PurePosixPath(FOLDER, day, f"{self.session_id}-{side}.flac"))
+                try:
                     names[side] = self._store(name, raw, RATES[side])
-        except Exception:  # noqa: BLE001 - a storage error loses this recording, nothing else
-            log.exception("session %s: its recording could not be stored", self.session_id)
-        finally:
-            self._discard()
-        if names:
+                except Exception as exc:  # noqa: BLE001 - any storage backend's error costs the recording only
+                    self._stop(exc)
+        self._discard()
+        if names:  # a side stored before an error is kept, and its row points to it
             on_saved(names)
 
     @staticmethod
     def _store(name, raw, rate):
+        """Encode ``raw`` (PCM16) as FLAC and store it; returns the storage name. A file the
+        storage began to write is deleted when it fails."""
         raw.seek(0)
         with tempfile.TemporaryFile(prefix="s2s-recording-", suffix=".flac") as flac:
             with soundfile.SoundFile(flac, "w", samplerate=rate, channels=1, format="FLAC",
@@ -99,4 +130,19 @@ class SessionRecording:
                 while block := raw.read(BLOCK_SAMPLES * 2):
                     encoded.write(np.frombuffer(block, "<i2"))
             flac.seek(0)
-            return default_storage.save(name, File(flac, name=name))
+            name = default_storage.get_available_name(name)  # save() keeps a free name as it is
+            try:
+                return default_storage.save(name, File(flac, name=name))
+            except Exception:
+                _delete_partial(name)
+                raise
+
+
+def _delete_partial(name):
+    """Delete what a failed ``default_storage.save(name)`` left (FileSystemStorage leaves the
+    bytes it wrote before the disk filled)."""
+    try:
+        if default_storage.exists(name):
+            default_storage.delete(name)
+    except OSError as exc:
+        log.error("recording %s: a partly written file could not be deleted: %s", name, exc)

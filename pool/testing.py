@@ -58,12 +58,14 @@ class LiveServer:
     ADMIN = ("admin", "admin-pw")
 
     def __init__(self, folder, pool_size=1, env=None, args=("--allow-anonymous",), prefix="", migrate=True,
-                 project_dir=PROJECT_DIR, port=None):
+                 project_dir=PROJECT_DIR, port=None, command_prefix=()):
         """``folder``: where its database, log and media go. ``args``: runpool's options beyond
         port and pool size; by default those of the local quick start (``make serve``).
         ``prefix``: where the host project mounts the apps ("" for s2s_project, "/voice").
         ``migrate=False``: leave a fresh database to runpool. ``project_dir``: the folder of the
-        ``manage.py`` to run. Raises RuntimeError (with the log's tail) if it does not start."""
+        ``manage.py`` to run. ``command_prefix``: argv that runs the server's command (e.g.
+        ``unshare`` with a mount of its own; it must ``exec`` the command, so that signals reach
+        it). Raises RuntimeError (with the log's tail) if it does not start."""
         folder = Path(folder)
         self.port = port or free_port()
         self.prefix = prefix
@@ -78,7 +80,7 @@ class LiveServer:
             self.manage("migrate", "--noinput", "-v0")
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
+                [*command_prefix, sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
                  str(pool_size), *args], cwd=project_dir, env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + 300
         while not self._healthy():

@@ -3,6 +3,7 @@ models are not the point): a process killed with SIGKILL, PostgreSQL down during
 stage that hangs, a client that stops reading."""
 
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -14,6 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import psycopg
 import pytest
 import websockets
@@ -276,3 +278,79 @@ def test_memory_levels_off_over_a_call_of_200_turns():
     finally:
         assert server.stop() == 0
     assert rss[-1] - rss[4] < 5, rss  # MiB from turn 100 to turn 200
+
+
+def full_filesystem_at(folder, size, used=0):
+    """A ``command_prefix`` that runs the server in a mount namespace of its own, where ``folder``
+    is a tmpfs of ``size`` bytes with ``used`` bytes taken: a disk as full as that, as the server
+    sees it, and nobody else (the mount goes with the process). Needs root."""
+    if os.geteuid() != 0:
+        pytest.fail("a full filesystem of the test's own needs root (unshare -m, mount -t tmpfs)")
+    script = 'mount -t tmpfs -o size="$1" tmpfs "$0" && head -c "$2" /dev/zero > "$0/filler" && shift 2 && exec "$@"'
+    return ("unshare", "-m", "--propagation", "private", "sh", "-c", script, str(folder), str(size), str(used))
+
+
+async def _voice_turn(server):
+    """A spoken question (jfk.flac, then silence) on a new session: returns the session's id and
+    the server events it got, once its reply is done."""
+    from .helpers import appends, jfk_segment, silence
+
+    ws, session_id = await _session(server)
+    for append in appends(np.concatenate([jfk_segment(0.0, 2.6), silence(1.5)])):
+        await ws.send(json.dumps(append))
+    events = []
+    while (event := json.loads(await asyncio.wait_for(ws.recv(), 30)))["type"] != "response.done":
+        events.append(event)
+    events.append(event)
+    await ws.close()
+    return session_id, events
+
+
+def fill(folder):
+    """Write into ``folder`` until its filesystem is full."""
+    with open(folder / "filler", "ab", buffering=0) as filler:
+        with contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 65536)
+
+
+@pytest.mark.parametrize("full", ["temporary folder", "media storage"])
+async def test_a_full_disk_costs_the_recording_only_and_leaves_no_file(tmp_path, full):
+    """Recordings on, and the temporary folder (where a recording is buffered) or the media
+    storage (where it is kept) full: every turn is detected and answered, session after session;
+    each recording stops with one log line; no file is left that no row points to."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    (tmp_path / "server").mkdir()
+    env = {**SCRIPTED, "S2S_JSON": json.dumps({"RECORD_AUDIO": True})}
+    if full == "temporary folder":
+        env["TMPDIR"], prefix = str(folder), full_filesystem_at(folder, 1 << 20)
+    else:
+        env["DJANGO_MEDIA_ROOT"], prefix = str(folder), full_filesystem_at(folder, 16384)
+    server = await asyncio.to_thread(LiveServer, tmp_path / "server", env=env, command_prefix=prefix)
+    seen = Path(f"/proc/{server.process.pid}/root") / folder.relative_to("/")  # the server's own view
+    rows = "select user_audio, assistant_audio from pool_session where ended_at is not null order by id"
+    try:
+        if full == "temporary folder":
+            # The folder fills up while the server runs: the first recording is kept, then none.
+            await _voice_turn(server)
+            await asyncio.to_thread(wait_until, lambda: any(user for user, _ in server.query(rows)), 10,
+                                    "the first recording stored")
+            fill(seen)
+        stopped = len(server.query(rows))
+        for _ in range(2):
+            session_id, events = await _voice_turn(server)
+            assert events[-1]["response"]["status"] == "completed"
+            assert "input_audio_buffer.committed" in [e["type"] for e in events]
+            assert [e for e in events if e["type"] == "error"] == []
+        await asyncio.to_thread(wait_until, lambda: len(server.query(rows)) == stopped + 2, 10, "the sessions ended")
+        await asyncio.to_thread(wait_until, lambda: server.log.read_text().count("its recording stopped") == 2, 10,
+                                "each recording's stop is logged")
+        assert server.query(rows)[stopped:] == [("", ""), ("", "")]
+        stored = {name for row in server.query(rows) for name in row if name}
+        media = server.media if full == "temporary folder" else seen
+        files = {str(p.relative_to(media)) for p in media.rglob("*") if p.is_file() and p.name != "filler"}
+        assert files == stored  # every file kept is a recording a row points to
+        assert "Traceback" not in server.log.read_text()
+    finally:
+        assert server.stop() == 0
