@@ -3,6 +3,7 @@ live and quarantined units, server processes, and the session history (each sess
 conversation, responses and turn latency, with a JSON export)."""
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import FileField
 from django.http import FileResponse, Http404, JsonResponse
@@ -120,7 +121,10 @@ class ServerProcessAdmin(ReadOnlyAdmin):
         if request.method == "POST":
             if not releaser:
                 raise PermissionDenied
-            unit = get_object_or_404(Unit.objects.select_related("process"), pk=request.POST.get("unit"))
+            unit_pk = request.POST.get("unit", "")
+            if not unit_pk.isdigit():
+                raise Http404("No such unit.")
+            unit = get_object_or_404(Unit.objects.select_related("process"), pk=int(unit_pk))
             ok, message = control.release_unit(unit, request.user)
             self.message_user(request, message, messages.SUCCESS if ok else messages.ERROR)
             return redirect("admin:pool_overview")
@@ -258,7 +262,7 @@ class SessionAdmin(ReadOnlyAdmin):
         the ``pool.listen_recording`` permission (``?download=1``: as an attachment)."""
         if side not in ("user", "assistant") or not request.user.has_perm("pool.listen_recording"):
             raise PermissionDenied
-        session = get_object_or_404(Session, pk=object_id)
+        session = self._session_or_404(request, object_id)
         recording = getattr(session, f"{side}_audio")
         if not recording:
             raise Http404("No recording.")
@@ -269,7 +273,7 @@ class SessionAdmin(ReadOnlyAdmin):
     def export_view(self, request, object_id):
         """The session as JSON: its record, its items in the Realtime API's item shape, the
         errors it was sent and its responses with their timings."""
-        session = get_object_or_404(Session, pk=object_id)
+        session = self._session_or_404(request, object_id)
         if not self.has_view_permission(request, session):
             raise PermissionDenied
         items = list(session.items.all())
@@ -285,6 +289,14 @@ class SessionAdmin(ReadOnlyAdmin):
         response = JsonResponse(body, json_dumps_params={"indent": 2})
         response["Content-Disposition"] = f'attachment; filename="{session.session_id}.json"'
         return response
+
+    def _session_or_404(self, request, object_id):
+        """The session of a URL's ``object_id`` (quoted as the admin quotes it), or a 404 for one
+        that is not there or not a session's id at all (``abc``, ``../..``)."""
+        session = self.get_object(request, unquote(object_id))
+        if session is None:
+            raise Http404("No such session.")
+        return session
 
     @admin.display(description="state", ordering="state")
     def state_display(self, session):
@@ -307,7 +319,7 @@ class SessionAdmin(ReadOnlyAdmin):
         return seconds(session.audio_out_seconds)
 
 
-@admin.action(description="Revoke the selected API keys")
+@admin.action(permissions=["change"], description="Revoke the selected API keys")
 def revoke_keys(modeladmin, request, queryset):
     count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
     modeladmin.message_user(request, f"Revoked {count} keys; sessions already open go on until they end.")

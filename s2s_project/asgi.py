@@ -10,9 +10,9 @@ django_asgi_app = get_asgi_application()  # before importing consumers: it sets 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from pool.asgi import HealthCheckMiddleware  # noqa: E402
-from realtime.routing import websocket_urlpatterns  # noqa: E402
+from realtime.routing import refuse_unknown, websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": HealthCheckMiddleware(django_asgi_app),
-    "websocket": URLRouter(websocket_urlpatterns),
+    "websocket": URLRouter([*websocket_urlpatterns, refuse_unknown]),
 })

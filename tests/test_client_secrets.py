@@ -168,6 +168,9 @@ async def test_requests_are_checked_like_session_update(pool, key):
         ({"expires_after": {"seconds": 0}}, 400, "invalid_value", "expires_after.seconds"),
         ({"expires_after": {"anchor": "now"}}, 400, "invalid_value", "expires_after.anchor"),
         ([1, 2], 400, "invalid_type", None),
+        # Text no database can keep (once a 503 on PostgreSQL): refused, naming the field.
+        ({"session": {"instructions": "a\u0000b"}}, 400, "invalid_value", "session.instructions"),
+        ({"session": {"instructions": "\ud800"}}, 400, "invalid_value", "session.instructions"),
     ]
     for body, status, code, param in cases:
         reply = await post(body, key)

@@ -8,9 +8,9 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
-from realtime.routing import websocket_urlpatterns  # noqa: E402
+from realtime.routing import refuse_unknown, websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter({
     "http": django_asgi_app,
-    "websocket": URLRouter([path("voice/", URLRouter(websocket_urlpatterns))]),
+    "websocket": URLRouter([path("voice/", URLRouter(websocket_urlpatterns)), refuse_unknown]),
 })

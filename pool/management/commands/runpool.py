@@ -20,6 +20,10 @@ from pool.registry import build_registry, set_registry
 log = logging.getLogger("pool")
 
 _TASKS = set()  # the tasks runpool starts on the event loop, referenced until they end
+# The longest request head (request line and headers) answered: Twisted's default, 16 KiB, drops
+# the connection without a word when one header line is longer (a 20 kB bearer token). Above
+# this, Twisted answers 400.
+HEADER_BYTES = 64 * 1024
 
 
 def _spawn(coroutine):
@@ -27,6 +31,15 @@ def _spawn(coroutine):
     task = asyncio.ensure_future(coroutine)
     _TASKS.add(task)
     task.add_done_callback(_TASKS.discard)
+
+
+def _http_limits():
+    """Daphne's HTTP connections (Twisted's ``HTTPChannel``) take request heads up to
+    HEADER_BYTES, and answer a longer one with 400 instead of closing the connection."""
+    from twisted.web.http import HTTPChannel
+
+    HTTPChannel.MAX_LENGTH = HTTPChannel.totalHeadersSize = HEADER_BYTES
+    HTTPChannel.lineLengthExceeded = lambda channel, line: channel._respondToBadRequestAndDisconnect()
 
 
 class Command(BaseCommand):
@@ -69,6 +82,7 @@ class Command(BaseCommand):
         # Daphne refuses (close 1009) only messages far above our own limit; between the two,
         # the consumer answers with an ``error`` event and the session goes on.
         daphne_limit = 2 * config["MAX_MESSAGE_BYTES"]
+        _http_limits()
         server = Server(
             get_default_application(),
             endpoints=build_endpoint_description_strings(host=options["host"], port=options["port"]),
