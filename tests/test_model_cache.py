@@ -1,0 +1,89 @@
+"""The model cache checks itself: a file truncated or zeroed is noticed (its size at every start,
+its sha256 with ``prepare_models --verify``) and rebuilt, and ``runpool`` refuses a damaged cache
+in one line that names the file and the command that mends it."""
+
+import shutil
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from pool.prepare import KOKORO_ONNX_SHA256, SMART_TURN_SHA256, default_paths, prepare, sha256_file
+from pool.testing import PROJECT_DIR, free_port
+
+pytestmark = pytest.mark.models
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("prepared")
+    prepare(cache, progress=False)
+    return cache
+
+
+@pytest.fixture
+def cache(prepared, tmp_path):
+    """A copy of a prepared English cache, to damage."""
+    copy = tmp_path / "cache"
+    shutil.copytree(prepared, copy)
+    return copy
+
+
+def prepare_models(cache, *args):
+    out = StringIO()
+    call_command("prepare_models", "--cache-dir", str(cache), *args, stdout=out)
+    return out.getvalue()
+
+
+def truncate(path):
+    with open(path, "r+b") as file:
+        file.truncate(path.stat().st_size // 2)
+
+
+def zero(path):
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def test_a_truncated_file_is_noticed_by_its_size_and_rebuilt(cache):
+    kokoro = default_paths(cache)["tts_model"]
+    truncate(kokoro)
+    said = prepare_models(cache)
+    assert f"Damaged: {kokoro} has" in said and "nothing to do" not in said
+    assert sha256_file(kokoro) == KOKORO_ONNX_SHA256
+    assert "nothing to do" in prepare_models(cache)
+
+
+def test_a_zeroed_file_is_noticed_by_verify_and_rebuilt(cache):
+    turn = default_paths(cache)["turn"]
+    zero(turn)
+    assert "nothing to do" in prepare_models(cache)  # the size is right: only the sha256 can tell
+    said = prepare_models(cache, "--verify")
+    assert f"Damaged: {turn} has changed" in said
+    assert sha256_file(turn) == SMART_TURN_SHA256
+    assert "every sha256 checked); nothing to do" in prepare_models(cache, "--verify")
+
+
+def runpool(cache, tmp_path):
+    """``runpool`` on ``cache``, which must fail before it serves; returns its output."""
+    env = {"S2S_CACHE_DIR": str(cache), "S2S_SQLITE_PATH": str(tmp_path / "db.sqlite3"), "PATH": "/usr/bin:/bin",
+           "HOME": str(Path.home())}
+    run = subprocess.run([sys.executable, "manage.py", "runpool", "--port", str(free_port())], cwd=PROJECT_DIR,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0
+    return run.stderr
+
+
+@pytest.mark.parametrize("damage, file, mend", [
+    (truncate, "tts_model", "Run `manage.py prepare_models` to rebuild it"),
+    (zero, "turn", "`manage.py prepare_models --verify` checks every model file"),
+])
+def test_runpool_refuses_a_damaged_cache_in_one_line(cache, tmp_path, damage, file, mend):
+    path = default_paths(cache)[file]
+    damage(path)
+    said = runpool(cache, tmp_path)
+    assert "Traceback" not in said, said[-3000:]
+    last = said.strip().splitlines()[-1]
+    assert last.startswith("CommandError: ") and str(path) in last and mend in last, last
