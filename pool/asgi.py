@@ -20,8 +20,9 @@ class HealthCheckMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] not in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
-        body = json.dumps(health_payload()).encode()
-        await send({"type": "http.response.start", "status": 200,
+        status, payload = health_payload()
+        body = json.dumps(payload).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})

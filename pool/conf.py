@@ -56,7 +56,11 @@ DEFAULTS = {
     "CLAIM_WAIT_SECONDS": 3.0,
     # Close a session that sends nothing for this many seconds (None: never).
     "IDLE_TIMEOUT_SECONDS": None,
-    # At SIGTERM/SIGINT: seconds to let closed sessions drain before the process exits.
+    # At SIGTERM/SIGINT the process drains (no new sessions) and its live sessions may go on this
+    # long (seconds; container platforms wait 30 s, then kill); then the rest are closed with 1001
+    # and given SHUTDOWN_DRAIN_SECONDS to drain before the process exits. A second signal stops
+    # at once.
+    "SHUTDOWN_GRACE_SECONDS": 30.0,
     "SHUTDOWN_DRAIN_SECONDS": 5.0,
     # Process heartbeat in the database, and the silence after which a process counts as lost.
     "HEARTBEAT_SECONDS": 5.0,

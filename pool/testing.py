@@ -11,13 +11,16 @@ in sequence and stops them in reverse, also when one of them fails to start::
 Used by this repository's tests and benchmarks (``bench/``); nothing here runs in a server.
 """
 
+import glob
 import os
 import secrets
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -121,14 +124,20 @@ class LiveServer:
     def http_url(self):
         return f"http://127.0.0.1:{self.port}"
 
-    def stop(self, timeout=30):
-        """SIGTERM; returns the exit code. Raises RuntimeError if it does not stop in time."""
+    def stop(self, timeout=30, patience=5):
+        """SIGTERM (the process drains), then after ``patience`` s SIGINT (a second signal: it
+        stops at once), as an operator presses Ctrl-C twice; returns the exit code. Raises
+        RuntimeError if it has not stopped ``timeout`` s after the first signal."""
         self.process.terminate()
         try:
-            return self.process.wait(timeout)
+            return self.process.wait(patience)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGINT)
+        try:
+            return self.process.wait(max(timeout - patience, 1))
         except subprocess.TimeoutExpired:
             self.process.kill()
-            raise RuntimeError(f"runpool did not stop on SIGTERM within {timeout} s") from None
+            raise RuntimeError(f"runpool did not stop within {timeout} s of SIGTERM and SIGINT") from None
 
     def query(self, sql):
         """Rows of ``sql`` on its SQLite database."""
@@ -160,6 +169,63 @@ class RedisServer:
     def __exit__(self, *exc):
         if self.process.poll() is None:
             self.stop()
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of its own (initdb in a new temporary folder, a free port), to stop
+    and start at will without touching the machine's (an outage on demand). As root it runs as
+    the ``postgres`` user. ``remove()`` stops it and deletes its folder."""
+
+    def __init__(self):
+        binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
+        if not binaries and not shutil.which("pg_ctl"):
+            raise RuntimeError("PostgreSQL's server binaries (pg_ctl, initdb) are needed")
+        self.bin = os.path.dirname(binaries[-1]) if binaries else os.path.dirname(shutil.which("pg_ctl"))
+        # Not under pytest's tmp_path: the postgres user cannot enter root's 0700 folders.
+        self.data, self.port = Path(tempfile.mkdtemp(prefix="s2s-pg-")), free_port()
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        if os.geteuid() == 0:
+            shutil.chown(self.data, "postgres")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        self.start()
+
+    def _run(self, tool, *args, check=True):
+        command = [os.path.join(self.bin, tool), *args]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=check, capture_output=True, timeout=120)
+
+    def start(self):
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.data / "log"), "-o",
+                  f"-p {self.port} -h 127.0.0.1 -k {self.data} -c fsync=off", "start")
+
+    def stop(self):
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-m", "fast", "stop")
+
+    def remove(self):
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-m", "immediate", "stop", check=False)
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def full_filesystem_at(folder, size, used=0):
+    """A ``command_prefix`` that runs the server in a mount namespace of its own, where ``folder``
+    is a tmpfs of ``size`` bytes with ``used`` bytes taken: a disk as full as that, as the server
+    sees it, and nobody else (the mount goes with the process). Needs root."""
+    if os.geteuid() != 0:
+        raise RuntimeError("a full filesystem of one's own needs root (unshare -m, mount -t tmpfs)")
+    script = 'mount -t tmpfs -o size="$1" tmpfs "$0" && head -c "$2" /dev/zero > "$0/filler" && shift 2 && exec "$@"'
+    return ("unshare", "-m", "--propagation", "private", "sh", "-c", script, str(folder), str(size), str(used))
+
+
+def fill(folder):
+    """Write into ``folder`` until its filesystem is full (a ``full_filesystem_at`` of a server,
+    seen from outside at ``/proc/<pid>/root/<folder>``)."""
+    with open(Path(folder) / "filler", "ab", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 65536)
+        except OSError:
+            pass
 
 
 @contextmanager

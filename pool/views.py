@@ -12,18 +12,25 @@ from .states import UnitState
 
 
 def health_payload():
-    """``{"status": "ok", "pool_size", "idle"}`` of this process's pool (built if need be)."""
-    units = get_registry().snapshot()
-    return {"status": "ok", "pool_size": len(units), "idle": sum(u["state"] == UnitState.IDLE for u in units)}
+    """``(HTTP status, {"status", "pool_size", "idle"})`` of this process's pool (built if need
+    be): 200 and "ok" while it takes sessions; 503 and "draining" (``drain_process``, SIGTERM)
+    or "stopping" once it does not, so that a load balancer's health check takes it out."""
+    registry = get_registry()
+    units = registry.snapshot()
+    status = "stopping" if not registry.accepting else "draining" if registry.process_draining else "ok"
+    return (200 if status == "ok" else 503,
+            {"status": status, "pool_size": len(units), "idle": sum(u["state"] == UnitState.IDLE for u in units)})
 
 
 def health(request):
-    """``GET /healthz``: 200 with the number of units and free units once the pool is built.
+    """``GET /healthz``: the number of units and free units once the pool is built; 503 while
+    the process drains or stops (``health_payload``).
 
     The stand-alone project answers this path on the event loop (``pool.asgi``); a host site gets
     the same answer from this view wherever it mounts ``pool.urls``.
     """
-    return JsonResponse(health_payload())
+    status, body = health_payload()
+    return JsonResponse(body, status=status)
 
 
 def _may_read_status(request):

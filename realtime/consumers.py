@@ -97,6 +97,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         await self.accept(SUBPROTOCOL if SUBPROTOCOL in subprotocols else None)
         self.loop = asyncio.get_running_loop()
         self.outbox = asyncio.Queue()
+        self.ended = asyncio.Event()  # set once the session's end is recorded (close_all waits)
         self.session_id = session_id = new_id("sess")
         self.client_address = auth.client_address(self.scope)
         # The pool is built once per process (runpool builds it before serving); only the very
@@ -325,12 +326,15 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         metrics.SESSIONS_ENDED.labels(metrics.PROCESS, self.end_reason).inc()
         log.info("session %s ended (%s, close code %s) on unit %s: %s", self.session_id, self.end_reason,
                  code, unit.index, {k: v for k, v in stats.items() if v})
+        self.ended.set()
 
 
 async def close_all(reason=EndReason.SHUTDOWN, code=CLOSE_GOING_AWAY):
-    """Close every live session of this process (shutdown); returns how many were closed."""
+    """Close every live session of this process (shutdown) and wait until each has ended (the
+    server has heard the close, released the unit and recorded the end); returns how many."""
     consumers = list(LIVE)
     await asyncio.gather(*(c.end(reason, code) for c in consumers), return_exceptions=True)
+    await asyncio.gather(*(c.ended.wait() for c in consumers))
     return len(consumers)
 
 

@@ -4,6 +4,8 @@ Secrets are issued through A's HTTP endpoint and used at the process that holds 
 
 import asyncio
 import json
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
@@ -185,6 +187,8 @@ async def test_a_drained_process_gets_no_reservations_and_stops_when_its_session
     grants = [await asyncio.to_thread(issue, cluster) for _ in range(2)]  # B has a free unit, but drains
     assert [g[0] for g in grants] == [200, 429]
     assert process_of(cluster, grants[0][1]["connect_url"]) == "a"
+    # B learns it drains through the channel layer (or its next heartbeat); its health check says so.
+    await asyncio.to_thread(wait_until, lambda: _health_status(b) == 503, 10, "B says it drains")
     plain = await websockets.connect(f"{b.base_url}/realtime",
                                      additional_headers={"Authorization": f"Bearer {cluster['key']}"})
     assert json.loads(await plain.recv())["error"]["code"] == "server_shutting_down"
@@ -193,3 +197,11 @@ async def test_a_drained_process_gets_no_reservations_and_stops_when_its_session
     await ws.close()
     assert await asyncio.to_thread(b.process.wait, 30) == 0  # and then it stops by itself
     assert query(cluster, "SELECT state FROM pool_serverprocess WHERE id = %s", b_id) == [("stopped",)]
+
+
+def _health_status(server):
+    try:
+        with urllib.request.urlopen(f"{server.http_url}/healthz", timeout=5) as reply:
+            return reply.status
+    except urllib.error.HTTPError as error:
+        return error.code

@@ -39,3 +39,15 @@ def test_the_compose_file_runs_the_cluster_of_the_admission_tests():
         prefix = options["--public-url"].removeprefix("wss://${S2S_HOST}")
         assert routes[prefix] == name
     assert {"--public-url"} < set(a) and services["caddy"]["ports"] == ["80:80", "443:443"]
+
+
+def test_the_platform_waits_out_the_drain_of_a_sigterm():
+    """Compose sends SIGTERM and kills after stop_grace_period: it must outlast the live calls'
+    grace and the drain after it (pool.conf's defaults, which the compose file does not change)."""
+    from pool.conf import DEFAULTS
+
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    for name in ("a", "b"):
+        period = compose["services"][name]["stop_grace_period"]
+        assert period.endswith("s") and "SHUTDOWN" not in compose["services"][name]["environment"]["S2S_JSON"]
+        assert int(period[:-1]) > DEFAULTS["SHUTDOWN_GRACE_SECONDS"] + DEFAULTS["SHUTDOWN_DRAIN_SECONDS"]

@@ -162,7 +162,9 @@ async def test_disconnect_mid_audio_and_reconnect_at_once_gets_a_clean_unit(serv
 
 
 @pytest.mark.live
-async def test_sigterm_closes_sessions_with_1001_and_records_their_end(tmp_path):
+async def test_a_stop_closes_sessions_with_1001_and_records_their_end(tmp_path):
+    """LiveServer.stop: SIGTERM (the process drains; this session does not end by itself), then
+    SIGINT, which stops it at once (tests/test_faults.py has the grace period itself)."""
     live = LiveServer(tmp_path, env={"S2S_BACKEND": "scripted"})
     async with websockets.connect(f"{live.base_url}/realtime") as ws:
         created = json.loads(await ws.recv())

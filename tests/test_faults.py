@@ -3,15 +3,11 @@ models are not the point): a process killed with SIGKILL, PostgreSQL down during
 stage that hangs, a client that stops reading."""
 
 import asyncio
-import contextlib
-import glob
 import json
-import os
-import shutil
+import signal
 import sqlite3
-import subprocess
-import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -21,7 +17,7 @@ import pytest
 import websockets
 
 from bench import misbehave
-from pool.testing import LiveServer, free_port, wait_until
+from pool.testing import LiveServer, PrivatePostgres, fill, full_filesystem_at, wait_until
 
 pytestmark = pytest.mark.live
 
@@ -149,41 +145,6 @@ async def test_a_client_that_stops_reading_cannot_hold_up_a_shutdown(tmp_path):
     ws.transport.abort()
 
 
-class PrivatePostgres:
-    """A PostgreSQL cluster of the test's own (initdb in ``folder``, a free port), to stop and
-    start at will without touching the machine's. As root it runs as the ``postgres`` user."""
-
-    def __init__(self):
-        binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))
-        if not binaries and not shutil.which("pg_ctl"):
-            pytest.fail("PostgreSQL's server binaries (pg_ctl, initdb) are needed")
-        self.bin = os.path.dirname(binaries[-1]) if binaries else os.path.dirname(shutil.which("pg_ctl"))
-        # Not under pytest's tmp_path: the postgres user cannot enter root's 0700 folders.
-        self.data, self.port = Path(tempfile.mkdtemp(prefix="s2s-pg-")), free_port()
-        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-        if os.geteuid() == 0:
-            shutil.chown(self.data, "postgres")
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
-        self.start()
-
-    def _run(self, tool, *args, check=True):
-        command = [os.path.join(self.bin, tool), *args]
-        if os.geteuid() == 0:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=check, capture_output=True, timeout=120)
-
-    def start(self):
-        self._run("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.data / "log"), "-o",
-                  f"-p {self.port} -h 127.0.0.1 -k {self.data} -c fsync=off", "start")
-
-    def stop(self):
-        self._run("pg_ctl", "-D", str(self.data), "-w", "-m", "fast", "stop")
-
-    def remove(self):
-        self._run("pg_ctl", "-D", str(self.data), "-w", "-m", "immediate", "stop", check=False)
-        shutil.rmtree(self.data, ignore_errors=True)
-
-
 @pytest.mark.postgres
 async def test_sessions_go_on_through_a_postgresql_outage_and_no_record_is_lost(tmp_path):
     postgres = await asyncio.to_thread(PrivatePostgres)
@@ -280,16 +241,6 @@ def test_memory_levels_off_over_a_call_of_200_turns():
     assert rss[-1] - rss[4] < 5, rss  # MiB from turn 100 to turn 200
 
 
-def full_filesystem_at(folder, size, used=0):
-    """A ``command_prefix`` that runs the server in a mount namespace of its own, where ``folder``
-    is a tmpfs of ``size`` bytes with ``used`` bytes taken: a disk as full as that, as the server
-    sees it, and nobody else (the mount goes with the process). Needs root."""
-    if os.geteuid() != 0:
-        pytest.fail("a full filesystem of the test's own needs root (unshare -m, mount -t tmpfs)")
-    script = 'mount -t tmpfs -o size="$1" tmpfs "$0" && head -c "$2" /dev/zero > "$0/filler" && shift 2 && exec "$@"'
-    return ("unshare", "-m", "--propagation", "private", "sh", "-c", script, str(folder), str(size), str(used))
-
-
 async def _voice_turn(server):
     """A spoken question (jfk.flac, then silence) on a new session: returns the session's id and
     the server events it got, once its reply is done."""
@@ -304,14 +255,6 @@ async def _voice_turn(server):
     events.append(event)
     await ws.close()
     return session_id, events
-
-
-def fill(folder):
-    """Write into ``folder`` until its filesystem is full."""
-    with open(folder / "filler", "ab", buffering=0) as filler:
-        with contextlib.suppress(OSError):
-            while True:
-                filler.write(b"\0" * 65536)
 
 
 @pytest.mark.parametrize("full", ["temporary folder", "media storage"])
@@ -336,7 +279,7 @@ async def test_a_full_disk_costs_the_recording_only_and_leaves_no_file(tmp_path,
             await _voice_turn(server)
             await asyncio.to_thread(wait_until, lambda: any(user for user, _ in server.query(rows)), 10,
                                     "the first recording stored")
-            fill(seen)
+            await asyncio.to_thread(fill, seen)
         stopped = len(server.query(rows))
         for _ in range(2):
             session_id, events = await _voice_turn(server)
@@ -354,3 +297,62 @@ async def test_a_full_disk_costs_the_recording_only_and_leaves_no_file(tmp_path,
         assert "Traceback" not in server.log.read_text()
     finally:
         assert server.stop() == 0
+
+
+def _health(server):
+    try:
+        with urllib.request.urlopen(f"{server.http_url}/healthz", timeout=5) as reply:
+            return reply.status, json.loads(reply.read())["status"]
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())["status"]
+
+
+async def test_sigterm_drains_live_calls_finish_and_new_ones_are_refused(tmp_path):
+    """As a container platform stops a process: SIGTERM, then it waits. The health check says
+    503 draining, a new client is refused (server_shutting_down, 1001), the live call goes on to
+    its end, and then the process exits 0 without waiting out the grace period."""
+    env = {**SCRIPTED, "S2S_JSON": json.dumps({"SHUTDOWN_GRACE_SECONDS": 60})}
+    server = await asyncio.to_thread(LiveServer, tmp_path, pool_size=2, env=env)
+    try:
+        live, session_id = await _session(server)
+        assert await asyncio.to_thread(_health, server) == (200, "ok")
+        server.process.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(wait_until, lambda: _health(server) == (503, "draining"), 10, "health says draining")
+        async with websockets.connect(f"{server.base_url}/realtime") as late:
+            assert json.loads(await late.recv())["error"]["code"] == "server_shutting_down"
+            with pytest.raises(websockets.ConnectionClosed):
+                await late.recv()
+            assert late.close_code == 1001
+        assert await _answered(live)  # the live call goes on
+        assert await _answered(live)
+        await live.close()
+        code = await asyncio.to_thread(server.process.wait, 20)  # well before the 60 s grace
+        assert code == 0
+        row = f"select end_reason, close_code from pool_session where session_id = '{session_id}'"
+        assert server.query(row) == [("client_close", 1000)]
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+
+
+async def test_sigterm_closes_what_is_still_live_after_the_grace_and_a_second_signal_stops_at_once(tmp_path):
+    env = {**SCRIPTED, "S2S_JSON": json.dumps({"SHUTDOWN_GRACE_SECONDS": 1})}
+    server = await asyncio.to_thread(LiveServer, tmp_path, env=env)
+    live, session_id = await _session(server)
+    server.process.send_signal(signal.SIGTERM)
+    with pytest.raises(websockets.ConnectionClosed):
+        while True:
+            await asyncio.wait_for(live.recv(), 15)
+    assert live.close_code == 1001
+    assert await asyncio.to_thread(server.process.wait, 15) == 0
+    assert server.query(f"select end_reason from pool_session where session_id = '{session_id}'") == [("shutdown",)]
+
+    env = {**SCRIPTED, "S2S_JSON": json.dumps({"SHUTDOWN_GRACE_SECONDS": 600})}
+    (tmp_path / "again").mkdir()
+    server = await asyncio.to_thread(LiveServer, tmp_path / "again", env=env)
+    live, _ = await _session(server)
+    server.process.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(wait_until, lambda: _health(server)[0] == 503, 10, "draining")
+    server.process.send_signal(signal.SIGINT)
+    assert await asyncio.to_thread(server.process.wait, 15) == 0  # not 600 s
+    assert "SIGINT again: stopping now" in server.log.read_text()

@@ -4,6 +4,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import time
 
 from channels.routing import get_default_application
 from daphne.endpoints import build_endpoint_description_strings
@@ -24,6 +25,18 @@ _TASKS = set()  # the tasks runpool starts on the event loop, referenced until t
 # the connection without a word when one header line is longer (a 20 kB bearer token). Above
 # this, Twisted answers 400.
 HEADER_BYTES = 64 * 1024
+STOP_NOW_SECONDS = 2.0  # a second signal: what the sessions get to be closed
+
+
+def _stop_reactor():
+    """Stop Twisted's reactor (runpool then shuts the pool down), once: the drain, the end of a
+    grace period and a second signal may each ask."""
+    from twisted.internet import error, reactor
+
+    try:
+        reactor.stop()
+    except error.ReactorNotRunning:
+        pass
 
 
 def _spawn(coroutine):
@@ -116,14 +129,24 @@ class Command(BaseCommand):
     def _ready(self, registry, config, options, size):
         from twisted.internet import reactor
 
+        signalled = []
+
         def on_signal(signum, frame):
-            if not registry.accepting:  # a second signal: stop now
-                reactor.callFromThread(reactor.stop)
+            # Python runs this on the main thread between two bytecodes, perhaps while that
+            # thread holds the registry's lock: it takes no lock, and hands the work to the loop.
+            signalled.append(signal.Signals(signum).name)
+            reactor.callFromThread(handle_signal, len(signalled))
+
+        def handle_signal(count):
+            name = signalled[count - 1]
+            if count > 1:  # a second signal: stop now
+                log.info("%s again: stopping now", name)
+                _spawn(self._stop_now(registry))
                 return
-            log.info("%s: closing sessions and draining", signal.Signals(signum).name)
-            registry.accepting = False
-            registry.records.process_draining()  # no reservations for a process about to go
-            reactor.callFromThread(_spawn, self._shutdown(registry, config))
+            grace = config["SHUTDOWN_GRACE_SECONDS"]
+            log.info("%s: draining; live sessions may go on for %g s (a second signal stops at once)", name, grace)
+            registry.start_draining()  # no new sessions, no reservations for a process about to go
+            _spawn(self._shutdown(registry, config, grace))
 
         def on_drain():  # from any thread (pool.registry.start_draining)
             registry.records.process_draining()
@@ -146,32 +169,57 @@ class Command(BaseCommand):
     async def _stop_when_drained(registry):
         """A drained process stops once its sessions have ended and its units have drained, and
         no client secret still holds one of its units; a signal meanwhile stops it sooner."""
-        from channels.db import database_sync_to_async
-        from twisted.internet import reactor
-
+        from pool import database
         from pool.admission import reserved_indices
 
         while registry.accepting:
             if await asyncio.to_thread(registry.wait_settled, 1.0):
                 try:
-                    reserved = await database_sync_to_async(reserved_indices)(registry.records.process_id)
+                    reserved = await database.call(reserved_indices, registry.records.process_id)
                 except DatabaseError:  # the reservations cannot be read: wait for the database
                     reserved = True
                 # Reservations first, then "nothing live" and the stop in one step: a secret
                 # redeemed in between is either live (and waited for) or refused.
                 if not reserved and registry.close_if_settled():
                     log.info("drained: every session has ended; stopping")
-                    reactor.stop()
+                    _stop_reactor()
                     return
                 await asyncio.sleep(1.0)  # a secret still holds a unit: it is used or expires
 
     @staticmethod
-    async def _shutdown(registry, config):
-        from twisted.internet import reactor
-
+    async def _stop_now(registry):
+        """A second signal: close every session (1001) without waiting for anything, then stop.
+        Consumers left open when the loop stops would be torn down by the garbage collector at
+        exit, on half-finalised modules."""
         from realtime.consumers import close_all
 
-        closed = await close_all()
+        registry.accepting = False
+        try:
+            await asyncio.wait_for(close_all(), STOP_NOW_SECONDS)
+        except TimeoutError:
+            log.warning("stopping now: some sessions did not close within %g s", STOP_NOW_SECONDS)
+        _stop_reactor()
+
+    @staticmethod
+    async def _shutdown(registry, config, grace):
+        """SIGTERM (as container platforms send it, then wait): the process drains; live
+        sessions may end by themselves for ``grace`` seconds (SHUTDOWN_GRACE_SECONDS), then the
+        rest are closed with 1001 and given SHUTDOWN_DRAIN_SECONDS to drain; then it stops."""
+        from realtime.consumers import close_all
+
+        deadline = time.monotonic() + grace
+        while not registry.close_if_settled():  # stops accepting once nothing is live
+            if not registry.accepting:
+                return  # a second signal is stopping the process
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await asyncio.to_thread(registry.wait_settled, min(remaining, 1.0))
+        registry.accepting = False
+        try:
+            closed = await asyncio.wait_for(close_all(), config["SHUTDOWN_DRAIN_SECONDS"])
+        except TimeoutError:
+            closed = "some"
         settled = await asyncio.to_thread(registry.wait_settled, config["SHUTDOWN_DRAIN_SECONDS"])
-        log.info("closed %d sessions; drained: %s", closed, settled)
-        reactor.stop()
+        log.info("stopping: %s sessions closed after the grace period; drained: %s", closed, settled)
+        _stop_reactor()
