@@ -31,6 +31,7 @@ import psycopg
 import websockets
 
 from pool.testing import (
+    PROJECT_DIR,
     LiveServer,
     PrivatePostgres,
     RedisServer,
@@ -42,6 +43,7 @@ from pool.testing import (
 
 from .common import emit
 
+PROJECT = {"dir": PROJECT_DIR}  # the checkout whose manage.py runs the servers (--project-dir)
 TURN_TIMEOUT = 10.0  # seconds a bystander's turn may take before it counts as failed
 SETTINGS = {"CONNECTS_PER_MINUTE": None, "HEARTBEAT_SECONDS": 0.5, "LOST_AFTER_SECONDS": 3}
 
@@ -157,16 +159,25 @@ def _records_lost(query, session_ids, allowed=("client_close",)):
 
 
 async def _attack_frames(url, frames):
-    """Each frame on a session of its own, then a turn on it: True for every session that got an
-    error and still answered its turn."""
-    answered = []
+    """Each frame on a session of its own, then a turn on it. Returns, for each, whether it got
+    an error and still answered its turn; and the ids of the sessions."""
+    answered, opened = [], []
     for frame in frames:
-        ws, _ = await _session(url)
-        await ws.send(frame)
-        error = json.loads(await asyncio.wait_for(ws.recv(), 5))
-        answered.append(error["type"] == "error" and await _turn(ws))
-        await ws.close()
-    return answered
+        try:
+            ws, session_id = await _session(url)
+            opened.append(session_id)
+        except (ConnectionError, websockets.WebSocketException):  # refused: the pool is full
+            answered.append(False)
+            continue
+        try:
+            await ws.send(frame)
+            error = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            answered.append(error["type"] == "error" and await _turn(ws))
+        except (TimeoutError, websockets.WebSocketException):  # the socket died with the session
+            answered.append(False)
+        finally:
+            await ws.close()
+    return answered, opened
 
 
 MALFORMED = [
@@ -194,40 +205,44 @@ async def _one_server(name, bystanders, seconds, fault, env=None, pool_extra=2, 
     bystanders call and returns ``(what happened, the session ids it opened)``."""
     pool_size = bystanders + pool_extra
     env = {"S2S_BACKEND": "scripted", "S2S_JSON": json.dumps(SETTINGS), **(env or {})}
-    with LiveServer(_folder(name), pool_size=pool_size, env=env, command_prefix=prefix, args=args) as server:
+    with LiveServer(_folder(name), pool_size=pool_size, env=env, command_prefix=prefix, args=args,
+                    project_dir=PROJECT["dir"]) as server:
         url = f"{server.base_url}/realtime"
         async with Bystanders([url], bystanders) as calls:
             happened, opened = await fault(server, url)
-            ended = time.monotonic()
+            recover = await _recover(url, time.monotonic())
             await asyncio.sleep(min(seconds, 2.0))
-        recover = await _recover(url, ended)
         units = await asyncio.to_thread(_units_lost, [server], pool_size)
-        query = server.query if "DATABASE_URL" not in env else _pg_query(env["DATABASE_URL"])
-        records = await asyncio.to_thread(_records_lost, query, calls.sessions + opened)
+        records = await asyncio.to_thread(_records_lost, _query(env, server), calls.sessions + opened)
         assert server.stop() == 0
     return {"fault": name, "happened": happened, "calls_kept": f"{calls.kept}/{calls.count}",
             "turns": calls.turns, "units_lost": units, "records_lost": records, "recover_s": recover}
 
 
-def _pg_query(url):
+def _query(env, server):
+    """``query(sql)`` on the database of ``env`` (PostgreSQL, a shared SQLite file, or the
+    server's own SQLite file)."""
     def query(sql):
-        with psycopg.connect(url) as db:
+        if "DATABASE_URL" in env:
+            with psycopg.connect(env["DATABASE_URL"]) as db:
+                return db.execute(sql).fetchall()
+        with sqlite3.connect(env.get("S2S_SQLITE_PATH", server.db)) as db:
             return db.execute(sql).fetchall()
     return query
 
 
 async def malformed_frames(bystanders, seconds):
     async def fault(server, url):
-        answered = await _attack_frames(url, MALFORMED * 2)
-        return f"{sum(answered)}/{len(answered)} type-confused sessions answered an error, then a turn", []
+        answered, opened = await _attack_frames(url, MALFORMED * 2)
+        return f"{sum(answered)}/{len(answered)} type-confused sessions answered an error, then a turn", opened
     return await _one_server("malformed_frames", bystanders, seconds, fault)
 
 
 async def unstorable_text(bystanders, seconds):
     with postgres_database() as database:
         async def fault(server, url):
-            answered = await _attack_frames(url, UNSTORABLE * 2)
-            return f"{sum(answered)}/{len(answered)} sessions with NUL, lone surrogates, long ids (PostgreSQL)", []
+            answered, opened = await _attack_frames(url, UNSTORABLE * 2)
+            return f"{sum(answered)}/{len(answered)} sessions with NUL, lone surrogates, long ids (PostgreSQL)", opened
         return await _one_server("unstorable_text", bystanders, seconds, fault, {"DATABASE_URL": database})
 
 
@@ -240,12 +255,15 @@ async def _database_lock(name, bystanders, seconds, env, hold):
             codes, opened = [], []
             while time.monotonic() - started < seconds:
                 try:
-                    ws, session_id = await _session(url, {"Authorization": f"Bearer {key}"})
+                    ws, session_id = await asyncio.wait_for(
+                        _session(url, {"Authorization": f"Bearer {key}"}), seconds + 10)
                     opened.append(session_id)
                     codes.append("session.created")
                     await ws.close()
                 except ConnectionError as refused:
                     codes.append(str(refused))
+                except (TimeoutError, websockets.WebSocketException) as failed:
+                    codes.append(type(failed).__name__)
                 await asyncio.sleep(1.0)
         counted = {code: codes.count(code) for code in sorted(set(codes))}
         return f"{seconds:g} s lock; key connects meanwhile: {counted}", opened
@@ -299,17 +317,16 @@ async def _two_processes(name, bystanders, seconds, fault, shared):
     """Processes A and B sharing ``shared`` (env: a database, maybe Redis); bystanders on both."""
     pool_size = bystanders + 1
     env = {"S2S_BACKEND": "scripted", "S2S_JSON": json.dumps(SETTINGS), **shared}
-    servers = {n: LiveServer(_folder(f"{name}-{n}"), pool_size=pool_size, env=env) for n in "ab"}
+    servers = {n: LiveServer(_folder(f"{name}-{n}"), pool_size=pool_size, env=env, project_dir=PROJECT["dir"])
+               for n in "ab"}
     try:
         urls = [f"{s.base_url}/realtime" for s in servers.values()]
         async with Bystanders(urls, bystanders) as calls:
-            happened, restarted, allowed = await fault(servers, env)
-            ended = time.monotonic()
+            happened, allowed = await fault(servers, env)
+            recover = await _recover(f"{servers['a'].base_url}/realtime", time.monotonic())
             await asyncio.sleep(min(seconds, 2.0))
-        recover = await _recover(f"{servers['a'].base_url}/realtime", ended)
         units = await asyncio.to_thread(_units_lost, list(servers.values()), pool_size)
-        query = servers["a"].query if "DATABASE_URL" not in env else _pg_query(env["DATABASE_URL"])
-        records = await asyncio.to_thread(_records_lost, query, calls.sessions, allowed)
+        records = await asyncio.to_thread(_records_lost, _query(env, servers["a"]), calls.sessions, allowed)
     finally:
         for server in servers.values():
             if server.process.poll() is None:
@@ -327,7 +344,7 @@ async def redis_down(bystanders, seconds):
             redis.stop()
             await asyncio.sleep(seconds)
             redis.start()
-            return f"Redis stopped {seconds:g} s under two processes", None, ("client_close",)
+            return f"Redis stopped {seconds:g} s under two processes", ("client_close",)
         return await _two_processes("redis_down", bystanders, seconds, fault,
                                     {"DATABASE_URL": database, "REDIS_URL": redis.url})
 
@@ -339,10 +356,12 @@ async def process_killed(bystanders, seconds):
 
     async def fault(servers, env):
         servers["a"].process.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
         servers["a"].process.wait()
         servers["a"] = await asyncio.to_thread(LiveServer, _folder("process_killed-a2"), pool_size=bystanders + 1,
-                                               env=env)
-        return "A killed with SIGKILL mid-call and started again", None, ("client_close", "lost")
+                                               env=env, project_dir=PROJECT["dir"])
+        return (f"A killed with SIGKILL mid-call, serving again {time.monotonic() - killed:.1f} s later",
+                ("client_close", "lost"))
 
     result = await _two_processes("process_killed", bystanders, seconds, fault,
                                   {"S2S_SQLITE_PATH": str(folder / "shared.sqlite3")})
@@ -358,13 +377,21 @@ async def _full_disk(name, bystanders, seconds, variable, used):
     async def fault(server, url):
         if not used:  # the temporary folder fills up while the server runs
             await asyncio.to_thread(fill, Path(f"/proc/{server.process.pid}/root") / folder.relative_to("/"))
-        opened = []
+        opened, answered = [], 0
         for _ in range(3):
             ws, session_id = await _session(url)
             opened.append(session_id)
-            await _turn(ws)
+            try:
+                answered += await _turn(ws)
+            except TimeoutError:
+                pass
             await ws.close()
-        return f"{variable} full, recordings on, 3 new sessions", opened
+        await asyncio.sleep(1.0)  # the recordings are stored once the units have drained
+        media = (Path(f"/proc/{server.process.pid}/root") / folder.relative_to("/")) if used else server.media
+        kept = {n for row in _query(env, server)("select user_audio, assistant_audio from pool_session") for n in row if n}
+        orphans = [p for p in media.rglob("*") if p.is_file() and p.name != "filler"
+                   and str(p.relative_to(media)) not in kept]
+        return f"{variable} full, recordings on: {answered}/3 new sessions answered, {len(orphans)} orphan files", opened
 
     env = {"S2S_JSON": json.dumps(settings), variable: str(folder)}
     return await _one_server(name, bystanders, seconds, fault, env, prefix=prefix)
@@ -420,7 +447,10 @@ def main():
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--bystanders", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0, help="how long each outage or lock lasts")
+    parser.add_argument("--project-dir", type=Path, default=PROJECT_DIR,
+                        help="the checkout that serves (e.g. a git worktree of an older commit: before/after)")
     options = parser.parse_args()
+    PROJECT["dir"] = options.project_dir
     rows = asyncio.run(run(options.faults.split(","), options.bystanders, options.seconds))
     emit("faults", {"bystanders": options.bystanders, "seconds": options.seconds, "rows": rows})
 

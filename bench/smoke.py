@@ -3,12 +3,12 @@ Run by the test suite (tests/test_bench_smoke.py); figures from it mean nothing.
 
     python -m bench.smoke
 """
-
+import asyncio
 
 from pool.conf import DEFAULTS
 from pool.prepare import default_paths
 
-from . import connect_storm, listening, soak, stages, throughput, turn_latency
+from . import connect_storm, faults, listening, soak, stages, throughput, turn_latency
 from .common import RECORDINGS, emit, rss_mb, start_server
 
 
@@ -29,6 +29,7 @@ def main():
     paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"])
     result["stages"] = {"stt": stages.stt_rows(paths, 1), "llm": stages.llm_rows(paths, 1, [], True),
                         "tts": stages.tts_rows(paths, 1)}
+    result["faults"] = asyncio.run(faults.run(["malformed_frames", "bad_http"], 1, 1.0))
     emit("smoke", result)
 
 
