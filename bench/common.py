@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pool.pipeline.timings import FIELDS
 from pool.testing import AUDIO_DIR, LiveServer
-from pool.timings import FIELDS
 
 RECORDINGS = {"jfk": AUDIO_DIR / "jfk.flac", "hotwords": AUDIO_DIR / "hotwords.mp3",
               "stereo": AUDIO_DIR / "stereo_diarization.wav"}
@@ -59,7 +59,7 @@ def emit(name, result):
 
 
 def turn_timings(server, response_ids, timeout=10.0):
-    """The server's ``pool.timings.TurnTimings`` of each response in ``response_ids``, as dicts,
+    """The server's ``pool.pipeline.timings.TurnTimings`` of each response in ``response_ids``, as dicts,
     from its session history (``pool_sessionresponse``); waits for the recorder to write them."""
     query = f"select response_id, {', '.join(FIELDS)} from pool_sessionresponse"
     deadline = time.monotonic() + timeout

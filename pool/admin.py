@@ -13,10 +13,11 @@ from django.urls import path
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import control, timings
-from .auth import new_key
-from .models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
-from .states import LIVE_PROCESS_STATES, SessionState, UnitState
+from pool import control
+from pool.auth import new_key
+from pool.models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
+from pool.pipeline import timings
+from pool.states import LIVE_PROCESS_STATES, SessionState, UnitState
 
 STATE_COLOURS = {UnitState.IDLE: "#2e7d32", UnitState.ACTIVE: "#1565c0", UnitState.DRAINING: "#ef6c00",
                  UnitState.QUARANTINED: "#c62828", SessionState.LOST: "#6d4c41"}

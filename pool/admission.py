@@ -28,9 +28,9 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
-from . import database
-from .auth import Refusal, hash_key
-from .states import ProcessState, UnitState
+from pool import database
+from pool.auth import Refusal, hash_key
+from pool.states import ProcessState, UnitState
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def key_holds(api_key, now):
     """How many sessions and unused secrets ``api_key`` holds across the cluster (sync,
     database): open sessions, unused secrets, and secrets used this last minute whose session
     row the recorder has not written yet."""
-    from .models import ClientSecret, Session
+    from pool.models import ClientSecret, Session
 
     secrets_ = ClientSecret.objects.filter(api_key=api_key)
     written = Exists(Session.objects.filter(session_id=OuterRef("session_id")))
@@ -81,7 +81,7 @@ def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local
     ones its ``user`` (else its ``client_address``) may hold. Returns ``(ClientSecret, value)``,
     or None when no unit is free. Raises KeyLimitError.
     """
-    from .models import APIKey, ClientSecret, ServerProcess, Unit
+    from pool.models import APIKey, ClientSecret, ServerProcess, Unit
 
     now = timezone.now()
     live = ServerProcess.objects.filter(
@@ -117,7 +117,7 @@ def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local
 def redeem(value, process_id):
     """Use a client secret to open a session on this process (sync, database). Single use: the
     first connect that presents it takes it. Returns ``(ClientSecret, None)`` or ``(None, Refusal)``."""
-    from .models import ClientSecret
+    from pool.models import ClientSecret
 
     secret = (ClientSecret.objects.filter(value_hash=hash_key(value))
               .select_related("api_key", "process", "user").first())
@@ -138,7 +138,7 @@ def redeem(value, process_id):
 def release(secret):
     """Free the unit ``secret`` reserved, if it still does (sync, database): a redeemed secret
     whose session did not start on it (refused, or its unit was gone)."""
-    from .models import Unit
+    from pool.models import Unit
 
     Unit.objects.filter(process_id=secret.process_id, index=secret.unit_index,
                         reserved_until=secret.expires_at).update(reserved_until=None)
@@ -146,7 +146,7 @@ def release(secret):
 
 def reserved_indices(process_id):
     """Indices of this process's units that are reserved now (sync, database)."""
-    from .models import Unit
+    from pool.models import Unit
 
     return set(Unit.objects.filter(process_id=process_id, reserved_until__gt=timezone.now())
                .values_list("index", flat=True))
@@ -156,7 +156,7 @@ def mark_claimed(process_id, unit, secret=None):
     """Write ``unit``'s claim to its row now, unless another process reserved it (sync, database).
     With ``secret``, the unit is that secret's: its reservation is cleared. Returns True when the
     claim stands."""
-    from .models import ClientSecret, Unit
+    from pool.models import ClientSecret, Unit
 
     now = timezone.now()
     ours = _unreserved(now)

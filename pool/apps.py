@@ -7,4 +7,4 @@ class PoolConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks, signals  # noqa: F401 - registers the system checks and receivers
+        from pool import checks, signals  # noqa: F401 - registers the system checks and receivers

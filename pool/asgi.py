@@ -7,7 +7,7 @@ the event loop itself was answering appends in time (BENCHMARKS.md, listening ca
 
 import json
 
-from .views import health_payload
+from pool.views import health_payload
 
 
 class HealthCheckMiddleware:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.http.request import validate_host
 
-from .conf import get_config
+from pool.conf import get_config
 
 KEY_PREFIX = "s2s_"
 SUBPROTOCOL_KEY = "openai-insecure-api-key."
@@ -205,7 +205,7 @@ def check_key(key, process_id):
     """
     from django.utils import timezone
 
-    from .models import APIKey, ClientSecret, Session
+    from pool.models import APIKey, ClientSecret, Session
 
     api_key = APIKey.objects.filter(key_hash=hash_key(key)).select_related("user").first()
     if api_key is None:

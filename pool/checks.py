@@ -7,9 +7,9 @@ import ipaddress
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
-from .backends import InvalidBackendError, backend_loader
-from .prepare import PRESETS
-from .states import LIVE_PROCESS_STATES
+from pool.backends import InvalidBackendError, backend_loader
+from pool.prepare import PRESETS
+from pool.states import LIVE_PROCESS_STATES
 
 IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"
 
@@ -18,7 +18,7 @@ IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"
 def check_settings(app_configs, **kwargs):
     """``settings.S2S``: an unknown key is a warning with the nearest known one, a value of the
     wrong type an error (as ``debug_toolbar.apps.check_settings`` holds DEBUG_TOOLBAR_CONFIG)."""
-    from .conf import DEFAULTS, OPTIONAL, expected_type
+    from pool.conf import DEFAULTS, OPTIONAL, expected_type
 
     user = getattr(settings, "S2S", {})
     if not isinstance(user, dict):
@@ -129,7 +129,7 @@ def check_layer_shared(app_configs, **kwargs):
         return []
     from django.db import DatabaseError
 
-    from .models import ServerProcess
+    from pool.models import ServerProcess
 
     try:
         running = ServerProcess.objects.filter(state__in=LIVE_PROCESS_STATES).count()

@@ -14,9 +14,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from .models import ServerProcess, Session
-from .registry import local_registry
-from .states import ProcessState, UnitState
+from pool.models import ServerProcess, Session
+from pool.pipeline.registry import local_registry
+from pool.states import ProcessState, UnitState
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import socket
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from .states import UnitState
+from pool.states import UnitState
 
 PROCESS = f"{socket.gethostname()}:{os.getpid()}"
 # Latency buckets (seconds): turn stages run from tens of milliseconds to a few seconds.
@@ -44,7 +44,7 @@ def unit_changed(registry, old, new):
 
 
 def turn(timings):
-    """Observe one voice turn's ``pool.timings.TurnTimings``."""
+    """Observe one voice turn's ``pool.pipeline.timings.TurnTimings``."""
     if timings.first_audio_sent_ms is not None:
         TURN_FIRST_AUDIO.labels(PROCESS).observe(timings.first_audio_sent_ms / 1000)
     for stage, ms in (("stt", timings.stt_compute_ms), ("llm_first_phrase", timings.llm_compute_ms),

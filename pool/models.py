@@ -7,7 +7,7 @@ recorder thread (``pool.records``), so database work never blocks the event loop
 from django.conf import settings
 from django.db import models
 
-from .states import EndReason, ProcessState, SessionState, UnitState
+from pool.states import EndReason, ProcessState, SessionState, UnitState
 
 
 class ServerProcess(models.Model):
@@ -107,7 +107,7 @@ class APIKey(models.Model):
     @classmethod
     def issue(cls, name, user=None, max_sessions=None, record_audio=None):
         """Create a key; returns ``(APIKey, key)``. The clear key exists only in this return value."""
-        from .auth import new_key
+        from pool.auth import new_key
 
         key, key_hash = new_key()
         return cls.objects.create(name=name, prefix=key[:12], key_hash=key_hash, user=user,
@@ -235,7 +235,7 @@ class ConversationItem(models.Model):
 
 class SessionResponse(models.Model):
     """One response of a session: how it ended and, for a voice turn, its timings (the fields of
-    ``pool.timings.TurnTimings``, milliseconds from the end of the user's speech)."""
+    ``pool.pipeline.timings.TurnTimings``, milliseconds from the end of the user's speech)."""
 
     session = models.ForeignKey(Session, to_field="session_id", on_delete=models.CASCADE,
                                 related_name="response_records")

@@ -23,8 +23,8 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from .states import LIVE_PROCESS_STATES, EndReason, ProcessState, SessionState, UnitState
-from .storable import storable_row
+from pool.states import LIVE_PROCESS_STATES, EndReason, ProcessState, SessionState, UnitState
+from pool.storable import storable_row
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class ItemRecord:
 
 @dataclass(frozen=True)
 class ResponseRecord:
-    """A response of a session, as it ended; ``timings``: a ``pool.timings.TurnTimings`` for
+    """A response of a session, as it ended; ``timings``: a ``pool.pipeline.timings.TurnTimings`` for
     a voice turn, else None (``pool.models.SessionResponse``'s fields)."""
 
     response_id: str
@@ -126,7 +126,7 @@ class Records(NoRecords):
     def session_ended(self, session_id, reason, close_code, counts):
         """The session's end (``counts``: the row's counters and ``last_error``). The end is its
         own write of the server's own values, so it cannot fail on what the client sent."""
-        from .models import Session
+        from pool.models import Session
 
         counts = dict(counts)
         last_error = counts.pop("last_error", "")
@@ -139,7 +139,7 @@ class Records(NoRecords):
 
     def history(self, session_id, record):
         """Keep an ``ItemRecord`` or ``ResponseRecord`` of a session, made storable now."""
-        from .models import ConversationItem, SessionResponse
+        from pool.models import ConversationItem, SessionResponse
 
         fields = {"session_id": session_id, **asdict(record)}
         if isinstance(record, ItemRecord):
@@ -161,7 +161,7 @@ class Records(NoRecords):
     def start(self, units, public_url=""):
         """Register this process (reached by clients at ``public_url``, "" if unknown) and its
         units, synchronously: called before serving."""
-        from .models import ServerProcess, Unit
+        from pool.models import ServerProcess, Unit
 
         now = timezone.now()
         self._mark_lost()
@@ -268,7 +268,7 @@ class Records(NoRecords):
     # --- on the recorder thread ----------------------------------------------------------------
 
     def _session_started(self, session_id, unit_index, api_key_id, client_address, now):
-        from .models import Session
+        from pool.models import Session
 
         # get_or_create: a batch whose commit was cut off by an outage may be written again.
         Session.objects.get_or_create(session_id=session_id, defaults=dict(
@@ -276,7 +276,7 @@ class Records(NoRecords):
             client_address=client_address))
 
     def _session_ended(self, session_id, reason, close_code, counts, now):
-        from .models import Session
+        from pool.models import Session
 
         Session.objects.filter(session_id=session_id).update(
             ended_at=now, end_reason=reason, close_code=close_code,
@@ -287,12 +287,12 @@ class Records(NoRecords):
         model.objects.bulk_create([model(**fields)], ignore_conflicts=True)
 
     def _update_session(self, session_id, fields):
-        from .models import Session
+        from pool.models import Session
 
         Session.objects.filter(session_id=session_id).update(**fields)
 
     def _unit_changed(self, index, old, new, session_id, now, seq):
-        from .models import Session, Unit
+        from pool.models import Session, Unit
 
         # Only a newer change: a claim writes its row at once (pool.admission), ahead of this queue.
         Unit.objects.filter(process_id=self.process_id, index=index, state_seq__lt=seq).update(
@@ -308,7 +308,7 @@ class Records(NoRecords):
             sessions.update(state=SessionState.RELEASED)
 
     def _heartbeat(self):
-        from .models import ServerProcess
+        from pool.models import ServerProcess
 
         now = timezone.now()
         gap = (now - self._beat_written).total_seconds()
@@ -325,7 +325,7 @@ class Records(NoRecords):
 
     def _write_input_lags(self):
         """Each unit's input lag (for the pool overview), where it changed since last written."""
-        from .models import Unit
+        from pool.models import Unit
 
         changed = {unit.index: round(unit.input_lag_max * 1000, 1) for unit in self._units}
         changed = {index: lag for index, lag in changed.items() if self._lags.get(index) != lag}
@@ -338,13 +338,13 @@ class Records(NoRecords):
         self._longest_gap = max(self._longest_gap, gap)
 
     def _set_draining(self):
-        from .models import ServerProcess
+        from pool.models import ServerProcess
 
         ServerProcess.objects.filter(pk=self.process_id, state=ProcessState.RUNNING).update(
             state=ProcessState.DRAINING)
 
     def _stopped(self):
-        from .models import ServerProcess, Session
+        from pool.models import ServerProcess, Session
 
         now = timezone.now()
         with transaction.atomic():
@@ -359,7 +359,7 @@ class Records(NoRecords):
         """Processes silent for ``lost_after_seconds``: lost, and their open sessions too. A lost
         session ended at its process's last sign of life (its last heartbeat), not when that
         silence was noticed."""
-        from .models import ServerProcess, Session
+        from pool.models import ServerProcess, Session
 
         now = timezone.now()
         silent = ServerProcess.objects.filter(

@@ -11,8 +11,8 @@ from django.conf import settings
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
-from .conf import get_config
-from .models import ConversationItem, Session
+from pool.conf import get_config
+from pool.models import ConversationItem, Session
 
 
 @receiver(pre_delete, sender=settings.AUTH_USER_MODEL)

@@ -2,7 +2,7 @@
 spelling each.
 
 Django ``TextChoices``: the models' fields take their ``choices``, and the in-process pool
-(``pool.unit``, ``pool.registry``), the admin and the Prometheus gauges use the same members.
+(``pool.pipeline.unit``, ``pool.pipeline.registry``), the admin and the Prometheus gauges use the same members.
 A member is a ``str`` equal to its value, so it is stored, compared and sent as that string.
 """
 

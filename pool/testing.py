@@ -268,13 +268,13 @@ def run_stage(stage, messages, inbox=None, on_forward=None, timeout=5.0, ctx=Non
     another. ``on_forward(message)``, when given, is called for each forwarded message as it
     comes, on the caller's thread: a stand-in next stage (e.g. one that speaks each phrase at
     once with ``job.phrase_spoken()``, or cancels the job). ``ctx``: a
-    ``pool.messages.SessionContext`` (default: a new one). Raises TimeoutError when a message is
+    ``pool.pipeline.messages.SessionContext`` (default: a new one). Raises TimeoutError when a message is
     still being handled after ``timeout`` seconds.
     """
     import queue
     import threading
 
-    from .messages import SessionContext
+    from pool.pipeline.messages import SessionContext
 
     emitted, forwarded = [], []
     ctx = ctx or SessionContext(emitted.append)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from pool import views
 
 urlpatterns = [
     path("healthz", views.health, name="s2s-health"),

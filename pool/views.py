@@ -6,9 +6,9 @@ import time
 from django.http import HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from .conf import get_config
-from .registry import get_registry
-from .states import UnitState
+from pool.conf import get_config
+from pool.pipeline.registry import get_registry
+from pool.states import UnitState
 
 
 def health_payload():

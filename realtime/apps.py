@@ -6,6 +6,6 @@ class RealtimeConfig(AppConfig):
     verbose_name = "Realtime protocol"
 
     def ready(self):
-        from . import daphne_close_codes
+        from realtime import daphne_close_codes
 
         daphne_close_codes.install()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import soundfile
 import soxr
 
-from .audio import PCM_RATE, float_to_pcm16
+from realtime.audio import PCM_RATE, float_to_pcm16
 
 CHUNK_MS = 40  # a microphone-sized append
 

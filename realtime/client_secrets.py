@@ -34,11 +34,10 @@ from django.views.decorators.csrf import csrf_exempt
 
 from pool import admission, auth
 from pool.conf import get_config
-from pool.registry import get_registry
-
-from . import session_config as sc
-from .errors import ProtocolError
-from .events import loads
+from pool.pipeline.registry import get_registry
+from realtime import session_config as sc
+from realtime.errors import ProtocolError
+from realtime.events import loads
 
 log = logging.getLogger(__name__)
 

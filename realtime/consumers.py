@@ -7,7 +7,7 @@ connect:    accept (subprotocol "realtime" when offered) -> check the origin and
             not an HTTP 403) -> record the session -> ``session.created``.
 receive:    parse the frame -> the session's state machine (``realtime.session``).
 send loop:  one task sends queued server events in order.
-disconnect: record the end, release the unit; it drains in the background (``pool.registry``).
+disconnect: record the end, release the unit; it drains in the background (``pool.pipeline.registry``).
             Whatever ends the consumer (a close, an exception, a cancelled task), the unit is
             released and the row ended: ``__call__`` does it in a ``finally``.
 
@@ -31,15 +31,14 @@ from django.db import DatabaseError
 from pool import admission, auth, database, metrics
 from pool.conf import get_config
 from pool.ids import new_id
+from pool.pipeline.registry import get_registry, local_registry
 from pool.recording import SessionRecording
-from pool.registry import get_registry, local_registry
 from pool.states import EndReason
-
-from .errors import ProtocolError
-from .events import parse_client_frame
-from .flow import WriteFlow
-from .session import RealtimeSession
-from .session_config import session_defaults
+from realtime.errors import ProtocolError
+from realtime.events import parse_client_frame
+from realtime.flow import WriteFlow
+from realtime.session import RealtimeSession
+from realtime.session_config import session_defaults
 
 log = logging.getLogger(__name__)
 

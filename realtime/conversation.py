@@ -9,8 +9,7 @@ import copy
 import json
 
 from pool.ids import new_id
-
-from .errors import ProtocolError
+from realtime.errors import ProtocolError
 
 
 def public(item):

@@ -2,8 +2,8 @@
 ``realtime.session.RealtimeSession`` (a mixin: it uses the session's ``conversation``, ``send``
 and ``history``). The items themselves are ``realtime.conversation``'s."""
 
-from . import conversation as conv
-from .errors import ProtocolError
+from realtime import conversation as conv
+from realtime.errors import ProtocolError
 
 
 class ConversationEvents:

@@ -18,8 +18,8 @@ fields have the shape ``realtime.schema`` gives its type. Anything else is answe
 import json
 import re
 
-from . import schema
-from .errors import ProtocolError
+from realtime import schema
+from realtime.errors import ProtocolError
 
 # JSON nested deeper than this is refused: copying or validating it would exhaust Python's
 # stack (a tool's JSON schema of a few levels is far below it).

@@ -12,8 +12,7 @@ import statistics
 import time
 
 from pool.records import ItemRecord, ResponseRecord
-
-from .conversation import public
+from realtime.conversation import public
 
 
 def item_text(item):
@@ -87,7 +86,7 @@ class SessionHistory:
 
     def response(self, response_id, status, details, usage, timings):
         """Keep how a response ended (``details``: its status_details; ``timings``: a
-        ``pool.timings.TurnTimings`` or None)."""
+        ``pool.pipeline.timings.TurnTimings`` or None)."""
         details = details or {}
         reason = details.get("reason") or (details.get("error") or {}).get("code") or ""
         usage = usage or {}

@@ -4,9 +4,9 @@ The life cycle (created -> output items -> ``response.done``) is driven by
 ``realtime.session.RealtimeSession``; when a reply starts is decided by ``realtime.turns``.
 """
 
-from . import session_config as sc
-from .conversation import normalise_item, public
-from .errors import ProtocolError
+from realtime import session_config as sc
+from realtime.conversation import normalise_item, public
+from realtime.errors import ProtocolError
 
 # The languages of the multilingual preset (pool.backends.tts.LANGUAGE_VOICES), by ISO 639-1 code.
 LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "pt": "Portuguese",
@@ -14,7 +14,7 @@ LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "it": "Itali
 
 
 class Response:
-    """One response in progress. ``job``: its ``pool.messages.ResponseJob``; ``automatic``:
+    """One response in progress. ``job``: its ``pool.pipeline.messages.ResponseJob``; ``automatic``:
     started by turn detection for a user turn, not by the client's ``response.create``."""
 
     def __init__(self, response_id, job, conversation, metadata, modality, automatic=False):

@@ -7,7 +7,7 @@ path nobody serves is refused at the handshake (Daphne answers HTTP 403) instead
 
 from django.urls import path, re_path
 
-from .consumers import RealtimeConsumer
+from realtime.consumers import RealtimeConsumer
 
 websocket_urlpatterns = [
     path("v1/realtime", RealtimeConsumer.as_asgi()),

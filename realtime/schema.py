@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, NotRequired, Required
 from pydantic import ConfigDict, Discriminator, StringConstraints, Tag, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict
 
-from .errors import ProtocolError
+from realtime.errors import ProtocolError
 
 # OpenAI's limit for the ids a client chooses (items); the server's own are 27 characters.
 MAX_ID_CHARS = 32

@@ -18,23 +18,22 @@ import logging
 import re
 import time
 
-from pool import messages as m
 from pool import metrics
 from pool.backends.llm import LLMRequest
 from pool.backends.tts import voice_for_language
 from pool.ids import new_id
+from pool.pipeline import messages as m
+from pool.pipeline.timings import Marks, TurnTimings
 from pool.records import NoRecords
-from pool.timings import Marks, TurnTimings
-
-from . import conversation as conv
-from . import session_config as sc
-from .audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
-from .conversation_events import ConversationEvents
-from .errors import ProtocolError
-from .history import SessionHistory
-from .output import ResponseOutput
-from .responses import Response, response_params, with_reply_language
-from .turns import TurnTaking
+from realtime import conversation as conv
+from realtime import session_config as sc
+from realtime.audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
+from realtime.conversation_events import ConversationEvents
+from realtime.errors import ProtocolError
+from realtime.history import SessionHistory
+from realtime.output import ResponseOutput
+from realtime.responses import Response, response_params, with_reply_language
+from realtime.turns import TurnTaking
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         self.stats = {"turns": 0, "responses": 0, "completed_responses": 0, "cancelled_responses": 0,
                       "errors": 0, "stage_failures": 0, "audio_in_seconds": 0.0, "audio_out_seconds": 0.0,
                       "last_error": ""}
-        self._turn_marks = Marks()  # of the latest voice turn (pool.timings)
+        self._turn_marks = Marks()  # of the latest voice turn (pool.pipeline.timings)
         self.history = SessionHistory(session_id, recorder or NoRecords(), defaults.get("history_max_items", 2000))
         self._recording = recording
         self._input_format = None

@@ -13,10 +13,9 @@ Unknown-field policy: a field that OpenAI's GA session does not have is refused 
 import copy
 
 from pool.backends.tts import voice_language
-from pool.messages import TurnDetection
-
-from .audio import FORMAT_TYPES, PCM_RATE
-from .errors import ProtocolError
+from pool.pipeline.messages import TurnDetection
+from realtime.audio import FORMAT_TYPES, PCM_RATE
+from realtime.errors import ProtocolError
 
 MAX_INSTRUCTIONS_CHARS = 32_000
 MAX_VOICE_CHARS = 64  # a voice name or id (the history's column holds as much)
@@ -363,7 +362,7 @@ def effective_silence_ms(td):
 
 def vad_settings(td):
     """What the VAD stage needs of a session's ``turn_detection`` (None: manual turns); see
-    ``pool.messages.ConfigureInput``."""
+    ``pool.pipeline.messages.ConfigureInput``."""
     if td is None:
         return None
     return TurnDetection(threshold=td.get("threshold", SERVER_VAD_DEFAULTS["threshold"]),

@@ -30,9 +30,8 @@ import re
 import time
 import unicodedata
 
-from pool import messages as m
-
-from .session_config import effective_silence_ms
+from pool.pipeline import messages as m
+from realtime.session_config import effective_silence_ms
 
 log = logging.getLogger(__name__)
 

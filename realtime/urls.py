@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import client_secrets, views
+from realtime import client_secrets, views
 
 urlpatterns = [
     path("", views.talk, name="s2s-talk"),

@@ -12,8 +12,8 @@ from pool.backends import Backends
 from pool.backends.llm import LLMRequest, OpenAICompatibleLLM, _ToolCallCatcher
 from pool.backends.scripted import ScriptedSTT, ScriptedTTS
 from pool.backends.vad import SileroVAD
+from pool.pipeline.registry import PoolRegistry, set_registry
 from pool.prepare import default_paths
-from pool.registry import PoolRegistry, set_registry
 
 from .helpers import Client, user_text
 

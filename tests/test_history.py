@@ -23,8 +23,8 @@ from django.utils import timezone
 
 from pool.backends.scripted import SCRIPT
 from pool.models import APIKey, ConversationItem, Session, SessionResponse
+from pool.pipeline.timings import FIELDS
 from pool.testing import wait_until
-from pool.timings import FIELDS
 
 from .helpers import appends, jfk_segment, open_socket, silence, user_text
 

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pool import messages as m
 from pool.backends.llm import LLMRequest
 from pool.backends.scripted import SCRIPT, ScriptedLLM
-from pool.stages import LLMStage
+from pool.pipeline import messages as m
+from pool.pipeline.stages import LLMStage
 from pool.testing import run_stage
 
 REPLY = "Sure, I can help with that. Paris is the capital of France."

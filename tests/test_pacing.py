@@ -8,11 +8,11 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pool import messages as m
 from pool.backends.llm import LLMRequest
 from pool.backends.scripted import ScriptedTTS
-from pool.pacing import MIN_PIECE_WORDS, SpeechPace
-from pool.stages import TTSStage
+from pool.pipeline import messages as m
+from pool.pipeline.pacing import MIN_PIECE_WORDS, SpeechPace
+from pool.pipeline.stages import TTSStage
 from realtime.audio import OutputAudioEncoder
 
 SENTENCE = " The capital of France is Paris, a city of lights, art and very good food."

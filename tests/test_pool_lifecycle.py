@@ -20,8 +20,8 @@ from pool import database
 from pool.backends.scripted import SCRIPT
 from pool.conf import get_config
 from pool.models import ServerProcess, Session, Unit
+from pool.pipeline.registry import build_registry
 from pool.records import Records
-from pool.registry import build_registry
 from pool.states import EndReason, ProcessState, SessionState, UnitState
 from pool.testing import wait_until
 from realtime.consumers import LIVE

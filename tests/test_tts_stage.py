@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from pool import messages as m
 from pool.backends.llm import LLMRequest
 from pool.backends.scripted import SCRIPT, ScriptedTTS
-from pool.stages import TTSStage
+from pool.pipeline import messages as m
+from pool.pipeline.stages import TTSStage
 from pool.testing import run_stage
 from realtime.audio import OutputAudioEncoder
 

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pool import messages as m
 from pool.backends.scripted import load_scripted
 from pool.backends.vad import SileroVAD
 from pool.conf import DEFAULTS
-from pool.stages import STTStage, VADStage
+from pool.pipeline import messages as m
+from pool.pipeline.stages import STTStage, VADStage
 from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder
 

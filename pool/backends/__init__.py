@@ -120,12 +120,12 @@ def load_default(config):
     missing. Raises ``pool.prepare.PreparationError`` when it cannot be, when a file of the cache
     is damaged (its size changed), or when a model file does not load: one line that names the
     file and the command that mends it."""
-    from ..prepare import PreparationError, damage, default_paths, is_prepared, prepare
-    from .llm import load_llm
-    from .stt import WhisperSTT
-    from .tts import KokoroTTS
-    from .turn import SmartTurn
-    from .vad import SileroVAD
+    from pool.backends.llm import load_llm
+    from pool.backends.stt import WhisperSTT
+    from pool.backends.tts import KokoroTTS
+    from pool.backends.turn import SmartTurn
+    from pool.backends.vad import SileroVAD
+    from pool.prepare import PreparationError, damage, default_paths, is_prepared, prepare
 
     cache, preset = config["MODEL_CACHE_DIR"], config["PRESET"]
     if not is_prepared(cache, preset):

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from . import TTS_RATE, Backends
-from .tts import OPENAI_VOICES, resolve_voice
-from .vad import SileroVAD
+from pool.backends import TTS_RATE, Backends
+from pool.backends.tts import OPENAI_VOICES, resolve_voice
+from pool.backends.vad import SileroVAD
 
 
 class Script:
@@ -110,8 +110,8 @@ class ScriptedTTS:
 
 def load_scripted(config):
     """The scripted test backend: real Silero VAD and Smart Turn, scripted STT, LLM and TTS."""
-    from ..prepare import SMART_TURN_FILE, default_paths, package_dir
-    from .turn import SmartTurn
+    from pool.backends.turn import SmartTurn
+    from pool.prepare import SMART_TURN_FILE, default_paths, package_dir
 
     paths = default_paths(config["MODEL_CACHE_DIR"])
     turn_path = config["TURN_MODEL"] or package_dir("pipecat") / "audio/turn/smart_turn/data" / SMART_TURN_FILE

@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 
-from .onnx import cpu_session
+from pool.backends.onnx import cpu_session
 
 # OpenAI voice names -> Kokoro v1.0 voices shipped in pool/data/voices. A client that asks for any
 # of these hears a real voice; an unknown name falls back to DEFAULT_VOICE (never silence).

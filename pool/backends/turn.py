@@ -13,8 +13,8 @@ import threading
 
 import numpy as np
 
-from . import SPEECH_RATE
-from .onnx import cpu_session
+from pool.backends import SPEECH_RATE
+from pool.backends.onnx import cpu_session
 
 WINDOW_SECONDS = 8  # the model's input: the last 8 s of the turn
 WINDOW_SAMPLES = WINDOW_SECONDS * SPEECH_RATE

@@ -9,8 +9,8 @@ context, exactly as ``silero_vad.utils_vad.OnnxWrapper.__call__`` does.
 
 import numpy as np
 
-from . import SPEECH_RATE
-from .onnx import cpu_session
+from pool.backends import SPEECH_RATE
+from pool.backends.onnx import cpu_session
 
 WINDOW_SAMPLES = 512  # samples at 16 kHz per call (32 ms), fixed by the model
 CONTEXT_SAMPLES = 64  # samples of the previous window prepended to each call, as in OnnxWrapper

@@ -15,8 +15,8 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
 from pool.conf import get_config, set_for_process
+from pool.pipeline.registry import build_registry, set_registry
 from pool.prepare import PreparationError
-from pool.registry import build_registry, set_registry
 
 log = logging.getLogger("pool")
 
@@ -148,7 +148,7 @@ class Command(BaseCommand):
             registry.start_draining()  # no new sessions, no reservations for a process about to go
             _spawn(self._shutdown(registry, config, grace))
 
-        def on_drain():  # from any thread (pool.registry.start_draining)
+        def on_drain():  # from any thread (pool.pipeline.registry.start_draining)
             registry.records.process_draining()
             reactor.callFromThread(_spawn, self._stop_when_drained(registry))
 

@@ -6,16 +6,16 @@ chain, answered by ``on_drained`` when it reaches the end). ``restart`` abandons
 starts fresh ones on new queues; the shared models stay loaded.
 
 Unit states: ``idle`` -> ``active`` -> ``draining`` -> ``idle``, or ``draining`` -> ``quarantined``
-when the drain misses its deadline (decided by the registry, ``pool.registry``).
+when the drain misses its deadline (decided by the registry, ``pool.pipeline.registry``).
 """
 
 import logging
 import queue
 import threading
 
-from . import messages as m
-from .stages import LLMStage, STTStage, TTSStage, VADStage
-from .states import UnitState
+from pool.pipeline import messages as m
+from pool.pipeline.stages import LLMStage, STTStage, TTSStage, VADStage
+from pool.states import UnitState
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ import logging
 import threading
 import time
 
-from . import metrics
-from .backends.tts import OPENAI_VOICES
-from .conf import get_config
-from .records import NoRecords, Records
-from .states import UnitState
-from .unit import PipelineUnit
+from pool import metrics
+from pool.backends.tts import OPENAI_VOICES
+from pool.conf import get_config
+from pool.pipeline.unit import PipelineUnit
+from pool.records import NoRecords, Records
+from pool.states import UnitState
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def build_registry(config, size=None, record=True):
     With ``record``, the process and its units are registered in the database and every session
     is recorded (``pool.records``); this touches the database synchronously, once.
     """
-    from .backends import load_backends
+    from pool.backends import load_backends
 
     size = size or config["POOL_SIZE"]
     records = Records(config["RELEASE_AFTER_SECONDS"], config["HEARTBEAT_SECONDS"],

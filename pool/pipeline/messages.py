@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .timings import Marks
+from pool.pipeline.timings import Marks
 
 
 class SessionContext:
@@ -127,7 +127,7 @@ class ResponseJob(UnitInput):
     # would otherwise slow each other down, and the LLM outpaces speech anyway.
     phrases_spoken: int = 0
     spoken: threading.Condition = field(default_factory=threading.Condition)
-    # The turn's marks (pool.timings): the session sets its own, the LLM and TTS stages theirs.
+    # The turn's marks (pool.pipeline.timings): the session sets its own, the LLM and TTS stages theirs.
     marks: Marks = field(default_factory=Marks)
     audio_seconds: float = 0.0  # speech synthesized so far (TTS stage)
 

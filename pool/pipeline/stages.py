@@ -3,7 +3,7 @@
 A stage handles ``(ctx, message)`` pairs from its inbox and passes work to the next stage. Per-
 session values live on the stage and are reset by ``end_session()`` when SESSION_END passes.
 The loop around ``handle`` (skipping closed sessions, forwarding SESSION_END, surviving errors)
-is the unit's (``pool.unit``), not the stages'.
+is the unit's (``pool.pipeline.unit``), not the stages'.
 """
 
 import base64
@@ -17,12 +17,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from . import messages as m
-from . import metrics
-from .backends import SPEECH_RATE, TTS_RATE
-from .backends.vad import WINDOW_SAMPLES
-from .ids import new_id
-from .pacing import pace_of
+from pool import metrics
+from pool.backends import SPEECH_RATE, TTS_RATE
+from pool.backends.vad import WINDOW_SAMPLES
+from pool.ids import new_id
+from pool.pipeline import messages as m
+from pool.pipeline.pacing import pace_of
 
 MIN_COMMIT_MS = 100  # input_audio_buffer.commit needs at least this much audio (OpenAI's rule)
 MAX_BUFFER_SECONDS = 15 * 60  # manual-turn input buffer bound
@@ -38,7 +38,7 @@ SPECULATE_MS = 200
 
 
 class Stage:
-    """One step of a unit's chain, run by its own thread (``pool.unit``) on its own inbox.
+    """One step of a unit's chain, run by its own thread (``pool.pipeline.unit``) on its own inbox.
 
     ``handle(ctx, msg)`` does the work of one message of session ``ctx``; ``end_session()`` is
     called when SESSION_END reaches the stage (forget the session); ``stop()`` when the unit's
@@ -446,7 +446,7 @@ class TTSStage(Stage):
     closes each response, in the order the LLM produced them.
 
     A phrase longer than the client's unplayed audio lasts is spoken in pieces
-    (``pool.pacing``), so the listener hears no gap while the next piece is synthesized.
+    (``pool.pipeline.pacing``), so the listener hears no gap while the next piece is synthesized.
 
     Synthesis of one phrase cannot be interrupted (one ONNX run, up to ~1.5 s), so it runs on the
     stage's own worker thread while the stage waits, watching for cancellation: a cancelled or
