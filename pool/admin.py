@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from pool import control
-from pool.auth import new_key
+from pool.access.auth import new_key
 from pool.models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
 from pool.pipeline import timings
 from pool.states import LIVE_PROCESS_STATES, SessionState, UnitState

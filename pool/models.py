@@ -55,7 +55,7 @@ class Unit(models.Model):
                   "the last heartbeat: a unit that cannot keep up with real time shows here.")
     state_seq = models.PositiveBigIntegerField(
         default=0, help_text="Counts the unit's state changes in its process: a write of an older "
-                             "change never overwrites a newer one (pool.admission).")
+                             "change never overwrites a newer one.")
     reserved_until = models.DateTimeField(
         null=True, blank=True, help_text="Held for a client secret until then, unless used first.")
 
@@ -84,7 +84,7 @@ class QuarantinedUnit(Unit):
 
 
 class APIKey(models.Model):
-    """A key that may open sessions. Only its sha256 is stored (see ``pool.auth``)."""
+    """A key that may open sessions. Only its sha256 is stored (see ``pool.access.auth``)."""
 
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=12, db_index=True, help_text="The key's first characters, to recognise it.")
@@ -107,7 +107,7 @@ class APIKey(models.Model):
     @classmethod
     def issue(cls, name, user=None, max_sessions=None, record_audio=None):
         """Create a key; returns ``(APIKey, key)``. The clear key exists only in this return value."""
-        from pool.auth import new_key
+        from pool.access.auth import new_key
 
         key, key_hash = new_key()
         return cls.objects.create(name=name, prefix=key[:12], key_hash=key_hash, user=user,
@@ -118,7 +118,7 @@ class ClientSecret(models.Model):
     """A short-lived ``ek_`` secret (``POST /v1/realtime/client_secrets``) and the unit it reserves.
 
     Only its sha256 is stored, as for API keys. Single use: ``used_at`` is set by the connect that
-    redeems it, on the process that owns the unit (``pool.admission``)."""
+    redeems it, on the process that owns the unit (``pool.access.admission``)."""
 
     prefix = models.CharField(max_length=12, help_text="The secret's first characters, to recognise it.")
     value_hash = models.CharField(max_length=64, unique=True)
@@ -130,7 +130,7 @@ class ClientSecret(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
                              related_name="s2s_client_secrets", help_text="Issued to a logged-in user.")
     client_address = models.GenericIPAddressField(null=True, blank=True,
-                                                  help_text="Who asked for it (pool.auth.client_address).")
+                                                  help_text="Who asked for it: the client's address, behind trusted proxies.")
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     used_at = models.DateTimeField(null=True, blank=True)

@@ -294,7 +294,7 @@ class Records(NoRecords):
     def _unit_changed(self, index, old, new, session_id, now, seq):
         from pool.models import Session, Unit
 
-        # Only a newer change: a claim writes its row at once (pool.admission), ahead of this queue.
+        # Only a newer change: a claim writes its row at once (pool.access.admission), ahead of this queue.
         Unit.objects.filter(process_id=self.process_id, index=index, state_seq__lt=seq).update(
             state=new, session_id=session_id if new != UnitState.IDLE else "", state_since=now, state_seq=seq)
         sessions = Session.objects.filter(session_id=session_id)

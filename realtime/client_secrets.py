@@ -32,7 +32,7 @@ from django.http import JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from pool import admission, auth
+from pool.access import admission, auth
 from pool.conf import get_config
 from pool.pipeline.registry import get_registry
 from realtime import session_config as sc
@@ -92,7 +92,7 @@ def create_for_user(request):
 
 
 def issue(request, api_key=None, user=None):
-    """Validate the request body, reserve a unit (``pool.admission.issue``) and answer. Any
+    """Validate the request body, reserve a unit (``pool.access.admission.issue``) and answer. Any
     failure is an answer with OpenAI's error body, never Django's error page."""
     try:
         return _issue(request, api_key, user)
@@ -167,7 +167,7 @@ def _expires_after(value, config, keyless):
 
 
 def _client_address(request):
-    """The requester's address as ``pool.auth.client_address`` reads it (trusted proxies)."""
+    """The requester's address as ``pool.access.auth.client_address`` reads it (trusted proxies)."""
     scope = getattr(request, "scope", None)  # under ASGI
     if scope is not None:
         return auth.client_address(scope)

@@ -1,8 +1,8 @@
 """The WebSocket endpoint of the Realtime protocol: one consumer per client connection.
 
 connect:    accept (subprotocol "realtime" when offered) -> check the origin and the API key
-            (``pool.auth``) or client secret -> claim a unit, honouring the reservations of
-            client secrets (``pool.admission``); a refusal or a full pool ->
+            (``pool.access.auth``) or client secret -> claim a unit, honouring the reservations of
+            client secrets (``pool.access.admission``); a refusal or a full pool ->
             ``error`` with its code, close 1008 (after accept, so a real client sees 1008 and
             not an HTTP 403) -> record the session -> ``session.created``.
 receive:    parse the frame -> the session's state machine (``realtime.session``).
@@ -11,7 +11,7 @@ disconnect: record the end, release the unit; it drains in the background (``poo
             Whatever ends the consumer (a close, an exception, a cancelled task), the unit is
             released and the row ended: ``__call__`` does it in a ``finally``.
 
-Database work runs only at connect, on threads of its own (``pool.database``): no message of
+Database work runs only at connect, on threads of its own (``pool.access.database``): no message of
 any session waits for the database.
 """
 
@@ -28,7 +28,8 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 
-from pool import admission, auth, database, metrics
+from pool import metrics
+from pool.access import admission, auth, database
 from pool.conf import get_config
 from pool.ids import new_id
 from pool.pipeline.registry import get_registry, local_registry
@@ -81,7 +82,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
     async def dispatch(self, message):
         # channels' own dispatch first closes Django's old database connections, on the one
         # thread all consumers share: a locked database would then hold every message of every
-        # session. This consumer uses the database only through pool.database.
+        # session. This consumer uses the database only through pool.access.database.
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
@@ -148,7 +149,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         log.info("session %s started on unit %s", session_id, self.unit.index)
 
     async def _authorize(self):
-        """Origin and API key checks; returns a ``pool.auth.Refusal`` or None. On success with a
+        """Origin and API key checks; returns a ``pool.access.auth.Refusal`` or None. On success with a
         key, the key's session is counted (``_release_key`` undoes it)."""
         self.api_key_id = self.record_audio = self.secret = None
         if not auth.origin_allowed(self.scope):
@@ -178,7 +179,7 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         return None
 
     async def _redeem(self, value):
-        """A client secret: its reserved unit, starting session and API key (pool.admission)."""
+        """A client secret: its reserved unit, starting session and API key (pool.access.admission)."""
         try:
             self.secret, refusal = await database.call(admission.redeem, value, self.registry.records.process_id)
         except DatabaseError as exc:

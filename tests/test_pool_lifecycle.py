@@ -16,7 +16,7 @@ from django.db.backends.signals import connection_created
 from django.test import Client as HttpClient
 from django.utils import timezone
 
-from pool import database
+from pool.access import database
 from pool.backends.scripted import SCRIPT
 from pool.conf import get_config
 from pool.models import ServerProcess, Session, Unit
@@ -195,7 +195,7 @@ async def test_session_values_never_leak_to_the_next_session_on_the_unit(recorde
 
 def _names():
     # Left out: the bounded executors, which start their threads as they are needed: the event
-    # loop's (asyncio.to_thread, "asyncio_N"), the connects' database threads (pool.database,
+    # loop's (asyncio.to_thread, "asyncio_N"), the connects' database threads (pool.access.database,
     # at most THREADS), and unnamed ones ("ThreadPoolExecutor-N_M": asgiref's sync_to_async
     # starts one lazily). Every thread of ours is named.
     names = [t.name for t in threading.enumerate()]

@@ -11,7 +11,7 @@ import sys
 import pytest
 from django.core.management.utils import get_random_secret_key
 
-from pool import auth
+from pool.access import auth
 from pool.models import Session
 from pool.testing import PROJECT_DIR as ROOT
 from pool.testing import LiveServer

@@ -169,8 +169,8 @@ class Command(BaseCommand):
     async def _stop_when_drained(registry):
         """A drained process stops once its sessions have ended and its units have drained, and
         no client secret still holds one of its units; a signal meanwhile stops it sooner."""
-        from pool import database
-        from pool.admission import reserved_indices
+        from pool.access import database
+        from pool.access.admission import reserved_indices
 
         while registry.accepting:
             if await asyncio.to_thread(registry.wait_settled, 1.0):

@@ -28,8 +28,8 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
-from pool import database
-from pool.auth import Refusal, hash_key
+from pool.access import database
+from pool.access.auth import Refusal, hash_key
 from pool.states import ProcessState, UnitState
 
 log = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ async def _claim(registry, session_id, wait, only, skip):
 
 
 async def _database(fn, fallback, *args):
-    """``fn(*args)`` on a connect thread (``pool.database``); ``fallback`` (logged) when the
+    """``fn(*args)`` on a connect thread (``pool.access.database``); ``fallback`` (logged) when the
     database fails or is busy."""
     try:
         return await database.call(fn, *args)
