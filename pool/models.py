@@ -1,7 +1,7 @@
 """Records of the pool: server processes, their units, and every session served.
 
 Rows are written at connect, release, drain, quarantine and end - never per audio frame - by the
-recorder thread (``pool.records``), so database work never blocks the event loop or a stage.
+recorder thread (``pool.history.recorder``), so database work never blocks the event loop or a stage.
 """
 
 from django.conf import settings

@@ -31,9 +31,9 @@ from django.db import DatabaseError
 from pool import metrics
 from pool.access import admission, auth, database
 from pool.conf import get_config
+from pool.history.recordings import SessionRecording
 from pool.ids import new_id
 from pool.pipeline.registry import get_registry, local_registry
-from pool.recording import SessionRecording
 from pool.states import EndReason
 from realtime.errors import ProtocolError
 from realtime.events import parse_client_frame

@@ -2,8 +2,8 @@
 
 The session tells ``SessionHistory`` when an item is final (a user turn once transcribed, a reply
 once it has stopped, a client's item at once), when it sent an error and how each response
-ended. Each becomes one record (``pool.records.ItemRecord`` / ``ResponseRecord``) on the
-recorder's queue, made storable there (``pool.storable``): written by the recorder thread in
+ended. Each becomes one record (``pool.history.recorder.ItemRecord`` / ``ResponseRecord``) on the
+recorder's queue, made storable there (``pool.history.storable``): written by the recorder thread in
 batches, never per audio frame, and never waited for. At most ``max_items`` records are kept per
 session; past that they are counted.
 """
@@ -11,7 +11,7 @@ session; past that they are counted.
 import statistics
 import time
 
-from pool.records import ItemRecord, ResponseRecord
+from pool.history.recorder import ItemRecord, ResponseRecord
 from realtime.conversation import public
 
 
@@ -28,7 +28,7 @@ def item_text(item):
 
 class SessionHistory:
     """The history of session ``session_id``, kept through ``recorder.history(session_id,
-    record)`` (``pool.records.Records``; ``NoRecords`` keeps nothing). Times (``at_ms``) are
+    record)`` (``pool.history.recorder.Records``; ``NoRecords`` keeps nothing). Times (``at_ms``) are
     milliseconds since the session started."""
 
     def __init__(self, session_id, recorder, max_items):

@@ -21,10 +21,10 @@ import time
 from pool import metrics
 from pool.backends.llm import LLMRequest
 from pool.backends.tts import voice_for_language
+from pool.history.recorder import NoRecords
 from pool.ids import new_id
 from pool.pipeline import messages as m
 from pool.pipeline.timings import Marks, TurnTimings
-from pool.records import NoRecords
 from realtime import conversation as conv
 from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
@@ -60,8 +60,8 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
     optionally ``"context_chars"`` (the LLM context budget, characters), ``"turn_detection"``
     ("server_vad" or "semantic_vad"), ``"interrupt_min_speech_ms"``, ``"backchannel_words"``,
     ``"backchannel_prompt"`` and ``"history_max_items"`` (see ``pool.conf``); ``recorder``: where
-    its history goes (``pool.records.Records``; the default keeps nothing); ``recording``: a
-    ``pool.recording.SessionRecording`` that gets the assistant audio sent, or None.
+    its history goes (``pool.history.recorder.Records``; the default keeps nothing); ``recording``: a
+    ``pool.history.recordings.SessionRecording`` that gets the assistant audio sent, or None.
     """
 
     def __init__(self, session_id, port, send, defaults, recorder=None, recording=None):

@@ -19,9 +19,9 @@ from django.utils import timezone
 from pool.access import database
 from pool.backends.scripted import SCRIPT
 from pool.conf import get_config
+from pool.history.recorder import Records
 from pool.models import ServerProcess, Session, Unit
 from pool.pipeline.registry import build_registry
-from pool.records import Records
 from pool.states import EndReason, ProcessState, SessionState, UnitState
 from pool.testing import wait_until
 from realtime.consumers import LIVE

@@ -1,5 +1,5 @@
 """No client input can make a record fail: what the protocol accepts fits the columns, every text
-is made storable by one function (``pool.storable``), and on SQLite and PostgreSQL the history of
+is made storable by one function (``pool.history.storable``), and on SQLite and PostgreSQL the history of
 a session holds what its client was shown, whatever unicode and lengths the client sent."""
 
 import asyncio
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from pool.history.storable import TEXT_LIMIT, storable, storable_json
 from pool.models import ConversationItem, Session
-from pool.storable import TEXT_LIMIT, storable, storable_json
 from pool.testing import LiveServer, postgres_database, wait_until
 from realtime import schema, session_config
 from realtime.history import item_text

@@ -14,7 +14,7 @@ Two ways in, one rule - the unit's database row says whether another process hol
   that fails when another process reserved the unit in between; the unit is then given back and
   another tried. A secret's connect takes its own reserved unit and clears the reservation.
 
-Unit rows are otherwise written later, by the recorder (``pool.records``); every write carries
+Unit rows are otherwise written later, by the recorder (``pool.history.recorder``); every write carries
 the unit's ``state_seq``, so an older change that arrives late never overwrites a newer one.
 """
 

@@ -1,7 +1,7 @@
 """Database work of a connect (a key check, a claim, a reservation), on threads of its own.
 
 Live calls never wait for the database: their events touch no table (the recorder thread writes
-their rows, ``pool.records``). A connect must read and write a few rows, and those calls run
+their rows, ``pool.history.recorder``). A connect must read and write a few rows, and those calls run
 here, not on Django's one thread-sensitive database thread that every consumer shares: a
 locked table then delays the connects that need it, never another session's events.
 

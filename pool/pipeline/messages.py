@@ -24,7 +24,7 @@ class SessionContext:
     def __init__(self, sink, recording=None):
         self._sink = sink
         self.closed = False
-        self.recording = recording  # a pool.recording.SessionRecording, or None
+        self.recording = recording  # a pool.history.recordings.SessionRecording, or None
 
     def emit(self, event):
         sink = self._sink  # one read: close() may run on another thread

@@ -13,8 +13,8 @@ import time
 from pool import metrics
 from pool.backends.tts import OPENAI_VOICES
 from pool.conf import get_config
+from pool.history.recorder import NoRecords, Records
 from pool.pipeline.unit import PipelineUnit
-from pool.records import NoRecords, Records
 from pool.states import UnitState
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ class PoolRegistry:
     """``backends``: the shared models; ``size``: number of units; ``release_after``: seconds a
     released unit may take to drain before it is quarantined.
 
-    ``records`` (``pool.records``) is told of every unit state change as
+    ``records`` (``pool.history.recorder``) is told of every unit state change as
     ``records.unit_changed(unit, old_state, new_state, session_id)`` - from whichever thread made
     it, so it must not block; ``session_id`` is the session the change concerns.
     """
@@ -202,7 +202,7 @@ def build_registry(config, size=None, record=True):
     """Load the backends and build a pool of ``size`` units (default ``POOL_SIZE``).
 
     With ``record``, the process and its units are registered in the database and every session
-    is recorded (``pool.records``); this touches the database synchronously, once.
+    is recorded (``pool.history.recorder``); this touches the database synchronously, once.
     """
     from pool.backends import load_backends
 

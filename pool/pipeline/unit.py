@@ -105,7 +105,7 @@ class PipelineUnit:
 
     def begin(self, sink, recording=None):
         """Start a session: returns its SessionContext; ``sink(event)`` receives its events,
-        ``recording`` (a ``pool.recording.SessionRecording``, or None) its audio."""
+        ``recording`` (a ``pool.history.recordings.SessionRecording``, or None) its audio."""
         self._ctx = m.SessionContext(sink, recording)
         return self._ctx
 

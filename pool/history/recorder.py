@@ -23,8 +23,8 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from pool.history.storable import storable_row
 from pool.states import LIVE_PROCESS_STATES, EndReason, ProcessState, SessionState, UnitState
-from pool.storable import storable_row
 
 log = logging.getLogger(__name__)
 
