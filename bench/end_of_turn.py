@@ -13,9 +13,9 @@ import time
 
 import django
 
+from pool.backends.cache import default_paths, prepare
 from pool.backends.turn import SmartTurn
 from pool.backends.vad import WINDOW_SAMPLES, SileroVAD
-from pool.prepare import default_paths, prepare
 from realtime.client import load_audio
 
 from .common import RECORDINGS, emit, stats

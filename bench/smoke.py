@@ -5,8 +5,8 @@ Run by the test suite (tests/test_bench_smoke.py); figures from it mean nothing.
 """
 import asyncio
 
+from pool.backends.cache import default_paths
 from pool.conf import DEFAULTS
-from pool.prepare import default_paths
 
 from . import connect_storm, faults, listening, soak, stages, throughput, turn_latency
 from .common import RECORDINGS, emit, rss_mb, start_server

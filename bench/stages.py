@@ -22,11 +22,11 @@ import time
 import numpy as np
 import soxr
 
+from pool.backends.cache import default_paths
 from pool.backends.llm import LlamaCppLLM, LLMRequest, TransformersLLM
 from pool.backends.stt import WhisperSTT
 from pool.backends.tts import KokoroTTS
 from pool.conf import DEFAULTS
-from pool.prepare import default_paths
 from realtime.client import load_audio
 
 from .common import RECORDINGS, emit

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from pool.backends import InvalidBackendError, backend_loader
-from pool.prepare import PRESETS
+from pool.backends.cache import PRESETS
 from pool.states import LIVE_PROCESS_STATES
 
 IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"

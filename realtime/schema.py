@@ -108,7 +108,7 @@ class _Event(TypedDict):
 @with_config(STRICT)
 class ResponseOverrides(TypedDict, total=False):
     """``response.create``'s ``response``: types here; values and their defaults from the
-    session in ``realtime.responses.response_params``."""
+    session in ``realtime.session.responses.response_params``."""
 
     instructions: str
     tools: list[dict[str, Any]]

@@ -74,8 +74,8 @@ def connect():
 @pytest.fixture(scope="session")
 def whisper():
     """The default Whisper model, to transcribe what a server said."""
+    from pool.backends.cache import default_paths
     from pool.backends.stt import WhisperSTT
-    from pool.prepare import default_paths
 
     return WhisperSTT(default_paths(get_config()["MODEL_CACHE_DIR"])["stt"])
 

@@ -46,7 +46,7 @@ def bearer(value):
 
 
 async def units(pool):
-    return {u.index: u async for u in Unit.objects.filter(process_id=pool.history.recorder.process_id)}
+    return {u.index: u async for u in Unit.objects.filter(process_id=pool.records.process_id)}
 
 
 async def test_a_secret_reserves_a_unit_and_opens_a_session_configured_by_the_backend(pool, key):
@@ -210,7 +210,7 @@ async def test_a_logged_in_user_gets_a_secret_and_anyone_else_403(pool):
 
 
 async def test_a_late_write_of_an_older_unit_state_never_overwrites_a_newer_one(pool):
-    records, unit = pool.history.recorder, pool.units[0]
+    records, unit = pool.records, pool.units[0]
     claimed = pool.claim("sess_1")
     pool.release(claimed)
     assert records.flush()
@@ -255,7 +255,7 @@ async def test_a_secret_whose_unit_is_gone_gets_another_and_frees_the_reservatio
     client, _ = await open_socket(bearer(value))
     created = await client.until("session.created")
     assert pool.units[1 - reserved].session_id == created["session"]["id"]
-    assert pool.history.recorder.flush()
+    assert pool.records.flush()
     assert (await units(pool))[reserved].reserved_until is None
     await client.ws.disconnect()
 

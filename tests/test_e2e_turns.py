@@ -137,9 +137,9 @@ async def test_semantic_vad_keeps_the_sentence_whole_and_answers_it(server):
 def speak():
     """Speech synthesised by the project's own TTS in another voice than the assistant's:
     ``speak(text)`` -> float32 samples at 24 kHz."""
+    from pool.backends.cache import default_paths
     from pool.backends.tts import KokoroTTS
     from pool.conf import get_config
-    from pool.prepare import default_paths
 
     paths = default_paths(get_config()["MODEL_CACHE_DIR"])
     tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], threads=1)

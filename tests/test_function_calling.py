@@ -9,11 +9,11 @@ import pytest
 from channels.testing import WebsocketCommunicator
 
 from pool.backends import Backends
+from pool.backends.cache import default_paths
 from pool.backends.llm import LLMRequest, OpenAICompatibleLLM, _ToolCallCatcher
 from pool.backends.scripted import ScriptedSTT, ScriptedTTS
 from pool.backends.vad import SileroVAD
 from pool.pipeline.registry import PoolRegistry, set_registry
-from pool.prepare import default_paths
 
 from .helpers import Client, user_text
 

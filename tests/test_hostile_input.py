@@ -14,11 +14,11 @@ from pydantic import TypeAdapter
 
 from pool.backends.scripted import SCRIPT
 from pool.testing import wait_until
-from realtime.conversation import public
 from realtime.errors import ProtocolError
 from realtime.events import CLIENT_EVENT_TYPES, parse_client_frame
 from realtime.schema import check_item
 from realtime.session import RealtimeSession
+from realtime.session.conversation import public
 
 pytestmark = pytest.mark.usefixtures("scripted_pool")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pool.backends.cache import default_paths
 from pool.backends.llm import LlamaCppLLM, LLMRequest, TransformersLLM, load_llm
 from pool.conf import DEFAULTS
-from pool.prepare import default_paths
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in full sentences."}
 QUESTION = {"role": "user", "content": "Tell me about the city of Paris."}

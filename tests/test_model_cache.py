@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from pool.prepare import KOKORO_ONNX_SHA256, SMART_TURN_SHA256, default_paths, prepare, sha256_file
+from pool.backends.cache import KOKORO_ONNX_SHA256, SMART_TURN_SHA256, default_paths, prepare, sha256_file
 from pool.testing import PROJECT_DIR, free_port
 
 pytestmark = pytest.mark.models

@@ -10,8 +10,8 @@ import pytest
 import soundfile
 import soxr
 
+from pool.backends.cache import prepare
 from pool.conf import get_config
-from pool.prepare import prepare
 from pool.testing import LiveServer
 from realtime.audio import PCM_RATE
 from realtime.client import talk

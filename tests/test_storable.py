@@ -19,7 +19,7 @@ from pool.history.storable import TEXT_LIMIT, storable, storable_json
 from pool.models import ConversationItem, Session
 from pool.testing import LiveServer, postgres_database, wait_until
 from realtime import schema, session_config
-from realtime.history import item_text
+from realtime.session.history import item_text
 
 
 def test_storable_removes_nul_replaces_lone_surrogates_and_bounds_the_length():

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import soxr
 
+from pool.backends.cache import default_paths
 from pool.backends.stt import SHORT_WINDOW_MAX_SECONDS, WhisperSTT, encoder_frames
 from pool.conf import get_config
-from pool.prepare import default_paths
 from realtime.client import load_audio
 
 from .helpers import AUDIO_DIR, HOTWORDS, JFK, JFK_WORDS, normalise

@@ -1,10 +1,10 @@
 """What counts as an interruption of the assistant, and the words of a transcript (pure rules
-of ``realtime.turns``; the behaviour over the protocol is in test_turn_taking.py)."""
+of ``realtime.session.turns``; the behaviour over the protocol is in test_turn_taking.py)."""
 
 import pytest
 
 from pool.conf import DEFAULTS
-from realtime.turns import interrupts, words
+from realtime.session.turns import interrupts, words
 
 
 @pytest.mark.parametrize("heard, expected", [
@@ -36,7 +36,7 @@ def test_words_of_every_script_without_accents():
     ("hi", "हाँ, ठीक है।", False), ("hi", "रुको, रुको।", True),
 ])
 def test_backchannels_in_the_languages_of_the_multilingual_preset(language, heard, expected):
-    from realtime.turns import TurnTaking
+    from realtime.session.turns import TurnTaking
 
     turns = TurnTaking(None, 500, DEFAULTS["BACKCHANNEL_WORDS"], None, DEFAULTS["BACKCHANNEL_WORDS_BY_LANGUAGE"])
     turns.language = language

@@ -117,15 +117,15 @@ def load_backends(config):
 def load_default(config):
     """Silero VAD, faster-whisper, the LLM of ``pool.backends.llm.load_llm``, Kokoro and Smart
     Turn. They need the prepared model cache (``manage.py prepare_models``), prepared here when
-    missing. Raises ``pool.prepare.PreparationError`` when it cannot be, when a file of the cache
+    missing. Raises ``pool.backends.cache.PreparationError`` when it cannot be, when a file of the cache
     is damaged (its size changed), or when a model file does not load: one line that names the
     file and the command that mends it."""
+    from pool.backends.cache import PreparationError, damage, default_paths, is_prepared, prepare
     from pool.backends.llm import load_llm
     from pool.backends.stt import WhisperSTT
     from pool.backends.tts import KokoroTTS
     from pool.backends.turn import SmartTurn
     from pool.backends.vad import SileroVAD
-    from pool.prepare import PreparationError, damage, default_paths, is_prepared, prepare
 
     cache, preset = config["MODEL_CACHE_DIR"], config["PRESET"]
     if not is_prepared(cache, preset):

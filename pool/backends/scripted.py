@@ -53,7 +53,7 @@ class ScriptedSTT:
     def transcribe(self, audio, language=None, prompt=None):
         if SCRIPT.stt_error is not None:
             raise SCRIPT.stt_error
-        if prompt is not None and SCRIPT.peek_transcript is not None:  # a peek (realtime.turns)
+        if prompt is not None and SCRIPT.peek_transcript is not None:  # a peek (realtime.session.turns)
             return SCRIPT.peek_transcript
         if callable(SCRIPT.transcript):
             return SCRIPT.transcript(audio)
@@ -110,8 +110,8 @@ class ScriptedTTS:
 
 def load_scripted(config):
     """The scripted test backend: real Silero VAD and Smart Turn, scripted STT, LLM and TTS."""
+    from pool.backends.cache import SMART_TURN_FILE, default_paths, package_dir
     from pool.backends.turn import SmartTurn
-    from pool.prepare import SMART_TURN_FILE, default_paths, package_dir
 
     paths = default_paths(config["MODEL_CACHE_DIR"])
     turn_path = config["TURN_MODEL"] or package_dir("pipecat") / "audio/turn/smart_turn/data" / SMART_TURN_FILE

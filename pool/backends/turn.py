@@ -4,7 +4,7 @@ Smart Turn (pipecat-ai, BSD-2-Clause) is an ONNX classifier over Whisper log-mel
 the last 8 s of a turn at 16 kHz, zero-padded at the front. It hears intonation and rhythm, so
 it tells "ask not" + pause (unfinished) from "fellow Americans." + pause (finished) where a
 silence timer cannot. The ``pipecat-ai`` wheel is installed with ``--no-deps`` and never
-imported; ``pool.prepare`` copies the model file into the cache after checking its sha256.
+imported; ``pool.backends.cache`` copies the model file into the cache after checking its sha256.
 Features come from transformers' ``WhisperFeatureExtractor(chunk_length=8)``, which gives the
 same numbers as pipecat's vendored code (``smart_turn/_whisper_features.py``).
 """

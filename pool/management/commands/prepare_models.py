@@ -2,8 +2,8 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
+from pool.backends.cache import PRESETS, PreparationError, damage, is_prepared, prepare
 from pool.conf import get_config
-from pool.prepare import PRESETS, PreparationError, damage, is_prepared, prepare
 
 
 class Command(BaseCommand):

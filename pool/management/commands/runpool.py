@@ -14,9 +14,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 
+from pool.backends.cache import PreparationError
 from pool.conf import get_config, set_for_process
 from pool.pipeline.registry import build_registry, set_registry
-from pool.prepare import PreparationError
 
 log = logging.getLogger("pool")
 

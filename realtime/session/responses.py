@@ -1,12 +1,12 @@
 """A response: its parameters (``response.create`` overrides over the session) and its output.
 
 The life cycle (created -> output items -> ``response.done``) is driven by
-``realtime.session.RealtimeSession``; when a reply starts is decided by ``realtime.turns``.
+``realtime.session.RealtimeSession``; when a reply starts is decided by ``realtime.session.turns``.
 """
 
 from realtime import session_config as sc
-from realtime.conversation import normalise_item, public
 from realtime.errors import ProtocolError
+from realtime.session.conversation import normalise_item, public
 
 # The languages of the multilingual preset (pool.backends.tts.LANGUAGE_VOICES), by ISO 639-1 code.
 LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "pt": "Portuguese",
@@ -29,7 +29,7 @@ class Response:
         self.text = []  # its transcript (audio) or text deltas, in order
         self.audio_ms = 0.0  # audio of the open item sent so far
         self.truncated_ms = None  # set when the client truncated the open item while it played
-        self.turns = []  # the user turns this reply is the first to see (realtime.turns)
+        self.turns = []  # the user turns this reply is the first to see (realtime.session.turns)
 
     def where(self, item, content=True):
         """The addressing fields of an output item's events."""

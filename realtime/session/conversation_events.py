@@ -1,9 +1,9 @@
-"""The client's ``conversation.item.*`` events (but truncate: ``realtime.output``), a part of
+"""The client's ``conversation.item.*`` events (but truncate: ``realtime.session.output``), a part of
 ``realtime.session.RealtimeSession`` (a mixin: it uses the session's ``conversation``, ``send``
-and ``history``). The items themselves are ``realtime.conversation``'s."""
+and ``history``). The items themselves are ``realtime.session.conversation``'s."""
 
-from realtime import conversation as conv
 from realtime.errors import ProtocolError
+from realtime.session import conversation as conv
 
 
 class ConversationEvents:

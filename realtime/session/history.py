@@ -12,7 +12,7 @@ import statistics
 import time
 
 from pool.history.recorder import ItemRecord, ResponseRecord
-from realtime.conversation import public
+from realtime.session.conversation import public
 
 
 def item_text(item):

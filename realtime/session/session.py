@@ -5,10 +5,10 @@
 out through the ``send`` callable it was given. Audio work is submitted to the unit (``port``);
 the unit's stage threads compute and emit events back. Both directions dispatch the same way:
 an event type ``a.b_c`` (or a message class ``BC``) is handled by the method ``_on_a_b_c``
-(``_on_b_c``). Its parts live in their own modules: the items in ``realtime.conversation`` (the
-client's item events in ``realtime.conversation_events``), a response's parameters and body in
-``realtime.responses``, its output items in ``realtime.output``, and when speech is a turn and
-when a reply starts in ``realtime.turns``. A response ends in one place, ``_end_response``.
+(``_on_b_c``). Its parts live in their own modules: the items in ``realtime.session.conversation`` (the
+client's item events in ``realtime.session.conversation_events``), a response's parameters and body in
+``realtime.session.responses``, its output items in ``realtime.session.output``, and when speech is a turn and
+when a reply starts in ``realtime.session.turns``. A response ends in one place, ``_end_response``.
 """
 
 import copy
@@ -25,15 +25,15 @@ from pool.history.recorder import NoRecords
 from pool.ids import new_id
 from pool.pipeline import messages as m
 from pool.pipeline.timings import Marks, TurnTimings
-from realtime import conversation as conv
 from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
-from realtime.conversation_events import ConversationEvents
 from realtime.errors import ProtocolError
-from realtime.history import SessionHistory
-from realtime.output import ResponseOutput
-from realtime.responses import Response, response_params, with_reply_language
-from realtime.turns import TurnTaking
+from realtime.session import conversation as conv
+from realtime.session.conversation_events import ConversationEvents
+from realtime.session.history import SessionHistory
+from realtime.session.output import ResponseOutput
+from realtime.session.responses import Response, response_params, with_reply_language
+from realtime.session.turns import TurnTaking
 
 log = logging.getLogger(__name__)
 

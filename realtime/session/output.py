@@ -8,8 +8,8 @@ become output items here. When a response starts and ends is the session's
 (``create_response``, ``_end_response``).
 """
 
-from realtime import conversation as conv
 from realtime.errors import ProtocolError
+from realtime.session import conversation as conv
 
 
 class ResponseOutput:
