@@ -22,8 +22,9 @@ import time
 import numpy as np
 import soxr
 
+from pool.backends.base import LLMRequest
 from pool.backends.cache import default_paths
-from pool.backends.llm import LlamaCppLLM, LLMRequest, TransformersLLM
+from pool.backends.llm import LlamaCppLLM, TransformersLLM
 from pool.backends.stt import WhisperSTT
 from pool.backends.tts import KokoroTTS
 from pool.conf import DEFAULTS

@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import soxr
 
-from pool.backends import SPEECH_RATE, TTS_RATE
+from pool.backends.base import SPEECH_RATE, TTS_RATE
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -12,7 +12,7 @@ Unknown-field policy: a field that OpenAI's GA session does not have is refused 
 
 import copy
 
-from pool.backends.tts import voice_language
+from pool.backends.voices import voice_language
 from pool.pipeline.messages import TurnDetection
 from realtime.audio import FORMAT_TYPES, PCM_RATE
 from realtime.errors import ProtocolError

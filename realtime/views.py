@@ -5,7 +5,7 @@ from django.urls import reverse
 from django.views.decorators.csrf import ensure_csrf_cookie
 
 from pool.access.auth import anonymous_allowed
-from pool.backends.tts import OPENAI_VOICES
+from pool.backends.voices import OPENAI_VOICES
 from pool.conf import get_config
 
 

@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from pool.backends import Backends
+from pool.backends.base import Backends, LLMRequest
 from pool.backends.cache import default_paths
-from pool.backends.llm import LLMRequest, OpenAICompatibleLLM, _ToolCallCatcher
+from pool.backends.llm import OpenAICompatibleLLM, _ToolCallCatcher
 from pool.backends.scripted import ScriptedSTT, ScriptedTTS
 from pool.backends.vad import SileroVAD
 from pool.pipeline.registry import PoolRegistry, set_registry

@@ -7,8 +7,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from pool.backends.base import LLMRequest
 from pool.backends.cache import default_paths
-from pool.backends.llm import LlamaCppLLM, LLMRequest, TransformersLLM, load_llm
+from pool.backends.llm import LlamaCppLLM, TransformersLLM, load_llm
 from pool.conf import DEFAULTS
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant. Answer in full sentences."}

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pool.backends.llm import LLMRequest
+from pool.backends.base import LLMRequest
 from pool.backends.scripted import ScriptedTTS
 from pool.pipeline import messages as m
 from pool.pipeline.pacing import MIN_PIECE_WORDS, SpeechPace

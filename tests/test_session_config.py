@@ -82,7 +82,7 @@ def test_bad_updates_name_the_field_and_change_nothing(session, update, param):
 
 
 def test_unknown_voice_is_accepted_and_spoken_by_a_mapped_voice(session):
-    from pool.backends.tts import DEFAULT_VOICE, OPENAI_VOICES, resolve_voice
+    from pool.backends.voices import DEFAULT_VOICE, OPENAI_VOICES, resolve_voice
 
     updated = sc.apply_update(session, {"audio": {"output": {"voice": "no-such-voice"}}})
     available = set(OPENAI_VOICES.values())

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pool.backends.llm import LLMRequest
+from pool.backends.base import LLMRequest
 from pool.backends.scripted import SCRIPT, ScriptedTTS
 from pool.pipeline import messages as m
 from pool.pipeline.stages import TTSStage

@@ -46,7 +46,7 @@ def test_backchannels_in_the_languages_of_the_multilingual_preset(language, hear
 
 
 def test_a_reply_is_spoken_by_a_voice_of_its_language():
-    from pool.backends.tts import voice_for_language
+    from pool.backends.voices import voice_for_language
 
     voices = {"alloy", "af_alloy", "af_heart", "bm_george", "ef_dora", "ff_siwis"}
     assert voice_for_language("alloy", "en", voices) == "alloy"  # OpenAI names are English

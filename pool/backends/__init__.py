@@ -1,93 +1,22 @@
 """The models behind the four stages, loaded once per process and shared by every unit.
 
-Each stage's backend is any object with the methods of its ``Protocol`` below (structural
+Each stage's backend is any object with the methods of its ``Protocol`` in ``base`` (structural
 typing: nothing to inherit). The default set is Silero VAD, faster-whisper, llama.cpp or
-transformers, Kokoro and Smart Turn (this package's modules); the scripted test backend
-(``scripted.py``) has the same shape. ``load_backends(config)`` builds them from the settings.
+transformers, Kokoro and Smart Turn (this package's modules), from the model cache (``cache``);
+the scripted test backend (``scripted``) has the same shape; the voice and language tables are
+``voices``. ``load_backends(config)`` builds them from the settings. The package's modules import
+``base`` and ``voices``, never this ``__init__``, which imports them only to load them.
 """
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
-import numpy as np
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from pool.backends.base import Backends
+
 log = logging.getLogger(__name__)
-
-SPEECH_RATE = 16_000  # Hz: what the VAD, the STT and the end-of-turn model take (mono float32)
-TTS_RATE = 24_000  # Hz: what the TTS returns (mono float32)
-
-
-class VADStream(Protocol):
-    """One session's VAD state (Silero keeps a recurrent state between windows)."""
-
-    def probability(self, window: np.ndarray) -> float:
-        """The speech probability in [0, 1] of ``window``: 512 float32 samples at 16 kHz (32 ms)."""
-
-    def reset(self) -> None:
-        """Forget the session (a new one starts on this stream)."""
-
-
-class VAD(Protocol):
-    def new_stream(self) -> VADStream:
-        """A VAD state for one unit (each unit's VAD thread owns one)."""
-
-
-class STT(Protocol):
-    languages: frozenset  # ISO 639-1 codes the model transcribes
-
-    def transcribe(self, audio: np.ndarray, language: str | None = None, prompt: str | None = None) -> str:
-        """The words of ``audio`` (float32 mono at 16 kHz). ``language``: None lets the model
-        detect it; ``prompt``: text to bias the spelling (Whisper's initial prompt)."""
-
-    def transcribe_detect(self, audio: np.ndarray, language: str | None = None,
-                          prompt: str | None = None) -> tuple[str, str | None]:
-        """``(transcript, language)``: as ``transcribe``, with the language the words are in
-        (``language`` when given, else what the model detected; None when it cannot say).
-        Optional: without it, a turn's language is the session's."""
-
-
-class LLM(Protocol):
-    resumes: bool  # True: the LLM stage pauses a reply by stopping it and continuing from
-    # ``request.prefix`` later; False: by blocking its stream
-
-    def generate(self, request, on_text: Callable[[str], None], should_stop: Callable[[], bool],
-                 on_function_call: Callable[..., None] | None = None) -> dict:
-        """Generate the reply to ``request`` (``pool.backends.llm.LLMRequest``): stream its text
-        through ``on_text(text)``; report a tool call as ``on_function_call(name, arguments,
-        call_id=None)`` (``arguments``: a JSON string) instead of text; return as soon as
-        ``should_stop()`` is true. Returns usage: ``{"input_tokens", "output_tokens"}``."""
-
-
-class TTS(Protocol):
-    voices: frozenset  # voice names the model has
-    languages: frozenset  # ISO 639-1 codes of those voices
-
-    def resolve_voice(self, name: str) -> str:
-        """The model's voice for a session's ``voice`` (an OpenAI voice name maps to one)."""
-
-    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> np.ndarray:
-        """Speech for ``text``: float32 mono at 24 kHz."""
-
-
-class TurnModel(Protocol):
-    def is_complete(self, audio: np.ndarray) -> bool:
-        """Whether the user has finished their turn: ``audio`` is the turn so far, float32 mono
-        at 16 kHz (``semantic_vad``; ``pool.backends.turn.SmartTurn``)."""
-
-
-@dataclass(frozen=True)
-class Backends:
-    vad: VAD
-    stt: STT
-    llm: LLM
-    tts: TTS
-    turn: TurnModel | None = None  # None: semantic_vad ends turns on silence alone
-
 
 # The short names S2S["BACKEND"] takes; anything else is the dotted path of a loader.
 LOADERS = {"default": "pool.backends.load_default", "scripted": "pool.backends.scripted.load_scripted"}

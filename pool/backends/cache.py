@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 log = logging.getLogger(__name__)
 
-VOICES_DIR = Path(__file__).resolve().parent / "data" / "voices"
+VOICES_DIR = Path(__file__).resolve().parents[1] / "data" / "voices"  # pool/data/voices
 
 # sha256 of every input and output (the one place; docs/MODELS.md says where each file comes from).
 KOKORO_ONNX_SHA256 = "6e742170d309016e5891a994e1ce1559c702a2ccd0075e67ef7157974f6406cb"

@@ -14,33 +14,9 @@ import logging
 import shutil
 import tempfile
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LLMRequest:
-    """One response to generate. ``max_output_tokens``: a positive int (already capped).
-
-    ``prefix``: the start of the assistant's reply, already generated, to continue (only for
-    backends whose ``resumes`` is true; the LLM stage pauses them by stopping and resuming).
-    """
-
-    messages: list
-    max_output_tokens: int
-    tools: list = field(default_factory=list)
-    tool_choice: object = "auto"
-    prefix: str = ""
-
-    def offered_tools(self):
-        """The tools the model may call under ``tool_choice`` (none, all, or the named one)."""
-        if self.tool_choice == "none":
-            return []
-        if isinstance(self.tool_choice, dict):
-            return [t for t in self.tools if t.get("name") == self.tool_choice.get("name")]
-        return list(self.tools)
 
 
 def load_llm(config, default_path):

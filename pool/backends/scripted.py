@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from pool.backends import TTS_RATE, Backends
-from pool.backends.tts import OPENAI_VOICES, resolve_voice
+from pool.backends.base import TTS_RATE, Backends
 from pool.backends.vad import SileroVAD
+from pool.backends.voices import OPENAI_VOICES, resolve_voice
 
 
 class Script:

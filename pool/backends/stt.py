@@ -16,7 +16,7 @@ from faster_whisper import WhisperModel
 from faster_whisper.tokenizer import Tokenizer
 from faster_whisper.transcribe import get_suppressed_tokens
 
-from pool.backends import SPEECH_RATE  # Whisper takes the VAD's 16 kHz audio as it is
+from pool.backends.base import SPEECH_RATE
 
 FRAMES_PER_SECOND = 100  # Whisper's log-mel hop is 10 ms
 FULL_WINDOW_FRAMES = 3000  # Whisper's 30 s window

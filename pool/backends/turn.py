@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 
-from pool.backends import SPEECH_RATE
+from pool.backends.base import SPEECH_RATE
 from pool.backends.onnx import cpu_session
 
 WINDOW_SECONDS = 8  # the model's input: the last 8 s of the turn

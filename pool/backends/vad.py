@@ -9,7 +9,7 @@ context, exactly as ``silero_vad.utils_vad.OnnxWrapper.__call__`` does.
 
 import numpy as np
 
-from pool.backends import SPEECH_RATE
+from pool.backends.base import SPEECH_RATE
 from pool.backends.onnx import cpu_session
 
 WINDOW_SAMPLES = 512  # samples at 16 kHz per call (32 ms), fixed by the model

@@ -31,7 +31,7 @@ from django.core.files import File
 from django.core.files.storage import default_storage
 from django.utils import timezone
 
-from pool.backends import SPEECH_RATE, TTS_RATE
+from pool.backends.base import SPEECH_RATE, TTS_RATE
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import threading
 import time
 
 from pool import metrics
-from pool.backends.tts import OPENAI_VOICES
+from pool.backends.voices import OPENAI_VOICES
 from pool.conf import get_config
 from pool.history.recorder import NoRecords, Records
 from pool.pipeline.unit import PipelineUnit

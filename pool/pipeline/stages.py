@@ -18,7 +18,7 @@ from dataclasses import replace
 import numpy as np
 
 from pool import metrics
-from pool.backends import SPEECH_RATE, TTS_RATE
+from pool.backends.base import SPEECH_RATE, TTS_RATE
 from pool.backends.vad import WINDOW_SAMPLES
 from pool.ids import new_id
 from pool.pipeline import messages as m

@@ -4,13 +4,10 @@ The life cycle (created -> output items -> ``response.done``) is driven by
 ``realtime.session.RealtimeSession``; when a reply starts is decided by ``realtime.session.turns``.
 """
 
+from pool.backends.voices import LANGUAGES
 from realtime import session_config as sc
 from realtime.errors import ProtocolError
 from realtime.session.conversation import normalise_item, public
-
-# The languages of the multilingual preset (pool.backends.tts.LANGUAGE_VOICES), by ISO 639-1 code.
-LANGUAGE_NAMES = {"en": "English", "es": "Spanish", "fr": "French", "it": "Italian", "pt": "Portuguese",
-                  "hi": "Hindi", "de": "German", "ja": "Japanese", "zh": "Chinese"}
 
 
 class Response:
@@ -55,7 +52,7 @@ class Response:
 def with_reply_language(instructions, language):
     """``instructions`` with the reply's language said to the LLM (``language``: ISO 639-1 of
     the user's turn, or None to say nothing)."""
-    name = LANGUAGE_NAMES.get(language, language)
+    name = LANGUAGES[language].name if language in LANGUAGES else language
     if not name:
         return instructions
     return f"{instructions}\n\nThe user speaks {name}. Answer in {name}."

@@ -19,8 +19,8 @@ import re
 import time
 
 from pool import metrics
-from pool.backends.llm import LLMRequest
-from pool.backends.tts import voice_for_language
+from pool.backends.base import LLMRequest
+from pool.backends.voices import voice_for_language
 from pool.history.recorder import NoRecords
 from pool.ids import new_id
 from pool.pipeline import messages as m

@@ -1,0 +1,105 @@
+"""What every backend shares: the sample rates, the ``Protocol`` of each stage's model, the
+request the LLM stage hands its model, and the bundle of a process's models (``Backends``).
+
+Structural typing: a backend is any object with its Protocol's methods, nothing to inherit. This
+module loads no model runtime, so the protocol layer and the pipeline may import it.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+SPEECH_RATE = 16_000  # Hz: what the VAD, the STT and the end-of-turn model take (mono float32)
+TTS_RATE = 24_000  # Hz: what the TTS returns (mono float32)
+
+
+class VADStream(Protocol):
+    """One session's VAD state (Silero keeps a recurrent state between windows)."""
+
+    def probability(self, window: np.ndarray) -> float:
+        """The speech probability in [0, 1] of ``window``: 512 float32 samples at 16 kHz (32 ms)."""
+
+    def reset(self) -> None:
+        """Forget the session (a new one starts on this stream)."""
+
+
+class VAD(Protocol):
+    def new_stream(self) -> VADStream:
+        """A VAD state for one unit (each unit's VAD thread owns one)."""
+
+
+class STT(Protocol):
+    languages: frozenset  # ISO 639-1 codes the model transcribes
+
+    def transcribe(self, audio: np.ndarray, language: str | None = None, prompt: str | None = None) -> str:
+        """The words of ``audio`` (float32 mono at 16 kHz). ``language``: None lets the model
+        detect it; ``prompt``: text to bias the spelling (Whisper's initial prompt)."""
+
+    def transcribe_detect(self, audio: np.ndarray, language: str | None = None,
+                          prompt: str | None = None) -> tuple[str, str | None]:
+        """``(transcript, language)``: as ``transcribe``, with the language the words are in
+        (``language`` when given, else what the model detected; None when it cannot say).
+        Optional: without it, a turn's language is the session's."""
+
+
+class LLM(Protocol):
+    resumes: bool  # True: the LLM stage pauses a reply by stopping it and continuing from
+    # ``request.prefix`` later; False: by blocking its stream
+
+    def generate(self, request, on_text: Callable[[str], None], should_stop: Callable[[], bool],
+                 on_function_call: Callable[..., None] | None = None) -> dict:
+        """Generate the reply to ``request`` (``LLMRequest``, below): stream its text
+        through ``on_text(text)``; report a tool call as ``on_function_call(name, arguments,
+        call_id=None)`` (``arguments``: a JSON string) instead of text; return as soon as
+        ``should_stop()`` is true. Returns usage: ``{"input_tokens", "output_tokens"}``."""
+
+
+class TTS(Protocol):
+    voices: frozenset  # voice names the model has
+    languages: frozenset  # ISO 639-1 codes of those voices
+
+    def resolve_voice(self, name: str) -> str:
+        """The model's voice for a session's ``voice`` (an OpenAI voice name maps to one)."""
+
+    def synthesize(self, text: str, voice: str, speed: float = 1.0) -> np.ndarray:
+        """Speech for ``text``: float32 mono at 24 kHz."""
+
+
+class TurnModel(Protocol):
+    def is_complete(self, audio: np.ndarray) -> bool:
+        """Whether the user has finished their turn: ``audio`` is the turn so far, float32 mono
+        at 16 kHz (``semantic_vad``; ``pool.backends.turn.SmartTurn``)."""
+
+
+@dataclass(frozen=True)
+class Backends:
+    vad: VAD
+    stt: STT
+    llm: LLM
+    tts: TTS
+    turn: TurnModel | None = None  # None: semantic_vad ends turns on silence alone
+
+
+@dataclass
+class LLMRequest:
+    """One response to generate. ``max_output_tokens``: a positive int (already capped).
+
+    ``prefix``: the start of the assistant's reply, already generated, to continue (only for
+    backends whose ``resumes`` is true; the LLM stage pauses them by stopping and resuming).
+    """
+
+    messages: list
+    max_output_tokens: int
+    tools: list = field(default_factory=list)
+    tool_choice: object = "auto"
+    prefix: str = ""
+
+    def offered_tools(self):
+        """The tools the model may call under ``tool_choice`` (none, all, or the named one)."""
+        if self.tool_choice == "none":
+            return []
+        if isinstance(self.tool_choice, dict):
+            return [t for t in self.tools if t.get("name") == self.tool_choice.get("name")]
+        return list(self.tools)
