@@ -14,7 +14,6 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from pool import control
-from pool.access.auth import new_key
 from pool.models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
 from pool.pipeline import timings
 from pool.states import LIVE_PROCESS_STATES, SessionState, UnitState
@@ -338,8 +337,7 @@ class APIKeyAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if not change:
-            key, obj.key_hash = new_key()
-            obj.prefix = key[:12]
+            key = obj.set_new_key()
             self.message_user(request, f"The new key is {key} - copy it now: it is stored hashed and "
                                        "cannot be shown again.", messages.WARNING)
         super().save_model(request, obj, form, change)

@@ -7,6 +7,7 @@ recorder thread (``pool.history.recorder``), so database work never blocks the e
 from django.conf import settings
 from django.db import models
 
+from pool.access.keys import new_key
 from pool.states import EndReason, ProcessState, SessionState, UnitState
 
 
@@ -107,11 +108,16 @@ class APIKey(models.Model):
     @classmethod
     def issue(cls, name, user=None, max_sessions=None, record_audio=None):
         """Create a key; returns ``(APIKey, key)``. The clear key exists only in this return value."""
-        from pool.access.auth import new_key
+        api_key = cls(name=name, user=user, max_sessions=max_sessions, record_audio=record_audio)
+        key = api_key.set_new_key()
+        api_key.save()
+        return api_key, key
 
-        key, key_hash = new_key()
-        return cls.objects.create(name=name, prefix=key[:12], key_hash=key_hash, user=user,
-                                  max_sessions=max_sessions, record_audio=record_audio), key
+    def set_new_key(self):
+        """Give this (unsaved) key a new value: its hash and prefix are set, the clear key is
+        returned and kept nowhere (``pool.access.keys``)."""
+        key, self.key_hash, self.prefix = new_key()
+        return key
 
 
 class ClientSecret(models.Model):

@@ -32,7 +32,7 @@ from django.http import JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from pool.access import admission, auth
+from pool.access import admission, auth, keys
 from pool.conf import get_config
 from pool.pipeline.registry import get_registry
 from realtime import session_config as sc
@@ -66,7 +66,7 @@ def create(request):
     """``POST /v1/realtime/client_secrets`` with an API key (see the module docstring)."""
     key = auth.bearer_token(request.headers.get("Authorization"))
     api_key = None
-    if key is not None and auth.is_server_key(key):
+    if key is not None and keys.is_server_key(key):
         try:
             api_key, refusal = auth.check_key(key, None)
         except DatabaseError:

@@ -29,7 +29,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 
 from pool import metrics
-from pool.access import admission, auth, database
+from pool.access import admission, auth, database, keys
 from pool.conf import get_config
 from pool.history.recordings import SessionRecording
 from pool.ids import new_id
@@ -155,9 +155,9 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         if not auth.origin_allowed(self.scope):
             return auth.Refusal("origin_not_allowed", "This origin may not connect to this server.")
         key = auth.key_from_scope(self.scope)
-        if key is not None and admission.is_client_secret(key):
+        if key is not None and keys.is_client_secret(key):
             return await self._redeem(key)
-        if key is None or not auth.is_server_key(key):
+        if key is None or not keys.is_server_key(key):
             # No key, or a placeholder that is not one of ours (SDKs insist on some api_key).
             if auth.anonymous_allowed():
                 return None

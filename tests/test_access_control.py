@@ -7,7 +7,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 
-from pool.access.auth import hash_key
+from pool.access.keys import hash_key
 from pool.models import APIKey, Session
 from pool.testing import LiveServer
 

@@ -20,32 +20,22 @@ the unit's ``state_seq``, so an older change that arrives late never overwrites 
 
 import asyncio
 import logging
-import secrets
 from datetime import timedelta
 
 from asgiref.sync import sync_to_async
 from django.db import DatabaseError, transaction
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from pool.access import database
-from pool.access.auth import Refusal, hash_key
+from pool.access.auth import Refusal, key_holds
+from pool.access.keys import hash_key, new_secret
 from pool.states import ProcessState, UnitState
 
 log = logging.getLogger(__name__)
 
 RESERVED_ATTEMPTS, RESERVED_RETRY_SECONDS = 5, 0.02  # a secret's unit, held a moment by a key client
-SECRET_PREFIX = "ek_"  # OpenAI's prefix for ephemeral keys, so clients recognise the value
 FRESH_HEARTBEATS = 3  # a process whose heartbeat is older than this many beats gets no reservation
-
-
-def new_secret():
-    """A new client secret: ``ek_`` + 43 URL-safe characters (256 random bits)."""
-    return SECRET_PREFIX + secrets.token_urlsafe(32)
-
-
-def is_client_secret(value):
-    return value.startswith(SECRET_PREFIX)
 
 
 def _unreserved(now):
@@ -55,19 +45,6 @@ def _unreserved(now):
 class KeyLimitError(Exception):
     """The API key already holds ``max_sessions`` sessions and unused secrets (or a user or an
     anonymous address holds its share of unused secrets)."""
-
-
-def key_holds(api_key, now):
-    """How many sessions and unused secrets ``api_key`` holds across the cluster (sync,
-    database): open sessions, unused secrets, and secrets used this last minute whose session
-    row the recorder has not written yet."""
-    from pool.models import ClientSecret, Session
-
-    secrets_ = ClientSecret.objects.filter(api_key=api_key)
-    written = Exists(Session.objects.filter(session_id=OuterRef("session_id")))
-    return (Session.objects.filter(api_key=api_key, ended_at__isnull=True).count()
-            + secrets_.filter(used_at__isnull=True, expires_at__gt=now).count()
-            + secrets_.filter(used_at__gt=now - timedelta(minutes=1)).exclude(written).count())
 
 
 def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local_process_id=None,
@@ -104,9 +81,9 @@ def issue(session, expires_at, heartbeat_seconds, api_key=None, user=None, local
             while (unit := candidates.select_for_update(skip_locked=True).order_by("index").first()) is not None:
                 if Unit.objects.filter(_unreserved(now), pk=unit.pk, state=UnitState.IDLE).update(
                         reserved_until=expires_at):
-                    value = new_secret()
+                    value, value_hash, prefix = new_secret()
                     secret = ClientSecret.objects.create(
-                        prefix=value[:12], value_hash=hash_key(value), process_id=process_id,
+                        prefix=prefix, value_hash=value_hash, process_id=process_id,
                         unit_index=unit.index, session=session, api_key=api_key, user=user,
                         client_address=client_address, created_at=now, expires_at=expires_at)
                     return secret, value

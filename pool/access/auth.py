@@ -3,43 +3,26 @@ address behind trusted proxies, and a per-address connect rate.
 
 Keys travel as ``Authorization: Bearer <key>`` (SDKs) or as the WebSocket subprotocol
 ``openai-insecure-api-key.<key>`` (browsers cannot set headers). A string that is not shaped like
-our keys (SDKs need *some* api_key) counts as no key. Keys are random 32-byte tokens,
-so they are stored as their sha256: a fast hash is enough for high-entropy secrets (the way
-GitHub stores tokens); only the first characters are kept in clear to recognise a key.
+our keys (SDKs need *some* api_key) counts as no key. What a key looks like and how it is stored:
+``pool.access.keys``.
 """
 
 import collections
 import functools
-import hashlib
 import ipaddress
-import secrets
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef
 from django.http.request import validate_host
 
+from pool.access.keys import hash_key
 from pool.conf import get_config
 
-KEY_PREFIX = "s2s_"
 SUBPROTOCOL_KEY = "openai-insecure-api-key."
-
-
-def new_key():
-    """A new API key (``s2s_`` + 43 URL-safe characters, 256 random bits) and its sha256."""
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
-    return key, hash_key(key)
-
-
-def is_server_key(key):
-    """True for strings shaped like this server's keys. Anything else (``"local"``, an OpenAI key)
-    is a placeholder: anonymous where anonymous access is allowed, refused elsewhere."""
-    return key.startswith(KEY_PREFIX)
-
-
-def hash_key(key):
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def bearer_token(authorization):
@@ -196,16 +179,32 @@ class Refusal:
     close_code: int = 1008
 
 
+def key_holds(api_key, now, elsewhere_than=None):
+    """What ``api_key`` holds across the cluster (sync, database), the one count its
+    ``max_sessions`` is held to: its open sessions, its unused client secrets (each holds a unit
+    for a session to come), and its secrets used this last minute whose session row the recorder
+    has not written yet. ``elsewhere_than``: a process id whose sessions are left out (that process
+    counts its own, ``pool.access.accounting``)."""
+    from pool.models import ClientSecret, Session
+
+    sessions = Session.objects.filter(api_key=api_key, ended_at__isnull=True)
+    secrets = ClientSecret.objects.filter(api_key=api_key)
+    written = Exists(Session.objects.filter(session_id=OuterRef("session_id")))
+    pending = secrets.filter(used_at__gt=now - timedelta(minutes=1)).exclude(written)
+    if elsewhere_than is not None:
+        sessions, pending = sessions.exclude(process_id=elsewhere_than), pending.exclude(process_id=elsewhere_than)
+    return sessions.count() + secrets.filter(used_at__isnull=True, expires_at__gt=now).count() + pending.count()
+
+
 def check_key(key, process_id):
     """Look ``key`` up (sync, database). Returns ``(APIKey, None)`` or ``(None, Refusal)``.
 
-    The returned key carries ``open_elsewhere``: its open sessions in other processes, from their
-    session rows, and its unused client secrets (each holds a unit for a session to come). The
-    caller adds this process's own count (``realtime.consumers``).
+    The returned key carries ``open_elsewhere``: what it holds outside process ``process_id``
+    (``key_holds``); the caller adds that process's own count.
     """
     from django.utils import timezone
 
-    from pool.models import APIKey, ClientSecret, Session
+    from pool.models import APIKey
 
     api_key = APIKey.objects.filter(key_hash=hash_key(key)).select_related("user").first()
     if api_key is None:
@@ -216,9 +215,5 @@ def check_key(key, process_id):
         return None, Refusal("invalid_api_key", "This API key belongs to an inactive user.")
     api_key.open_elsewhere = 0
     if api_key.max_sessions is not None:
-        elsewhere = Session.objects.filter(api_key=api_key, ended_at__isnull=True)
-        if process_id:
-            elsewhere = elsewhere.exclude(process_id=process_id)
-        unused = ClientSecret.objects.filter(api_key=api_key, used_at__isnull=True, expires_at__gt=timezone.now())
-        api_key.open_elsewhere = elsewhere.count() + unused.count()
+        api_key.open_elsewhere = key_holds(api_key, timezone.now(), process_id)
     return api_key, None
