@@ -13,9 +13,10 @@ import time
 
 import django
 
+from pool.backends.base import VAD_WINDOW_SAMPLES
 from pool.backends.cache import default_paths, prepare
 from pool.backends.turn import SmartTurn
-from pool.backends.vad import WINDOW_SAMPLES, SileroVAD
+from pool.backends.vad import SileroVAD
 from realtime.client import load_audio
 
 from .common import RECORDINGS, emit, stats
@@ -46,7 +47,7 @@ def main(argv=None):
     emit("end_of_turn", {
         "smart_turn_ms_per_call": _timed(lambda: turn.probability(jfk[-8 * 16_000:]), args.calls),
         "smart_turn_ms_per_call_2s_of_audio": _timed(lambda: turn.probability(jfk[:2 * 16_000]), args.calls),
-        "silero_vad_ms_per_32ms_window": _timed(lambda: stream.probability(jfk[:WINDOW_SAMPLES]), args.calls),
+        "silero_vad_ms_per_32ms_window": _timed(lambda: stream.probability(jfk[:VAD_WINDOW_SAMPLES]), args.calls),
     })
 
 

@@ -15,7 +15,7 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from pool.models import ServerProcess, Session
-from pool.pipeline.registry import local_registry
+from pool.process import local_registry
 from pool.states import ProcessState, UnitState
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from django.http import HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from pool.conf import get_config
-from pool.pipeline.registry import get_registry
+from pool.process import get_registry
 from pool.states import UnitState
 
 

@@ -34,7 +34,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from pool.access import admission, auth, keys
 from pool.conf import get_config
-from pool.pipeline.registry import get_registry
+from pool.process import get_registry
 from realtime import session_config as sc
 from realtime.errors import ProtocolError
 from realtime.events import loads

@@ -33,7 +33,7 @@ from pool.access import admission, auth, database, keys
 from pool.conf import get_config
 from pool.history.recordings import SessionRecording
 from pool.ids import new_id
-from pool.pipeline.registry import get_registry, local_registry
+from pool.process import get_registry, local_registry
 from pool.states import EndReason
 from realtime.errors import ProtocolError
 from realtime.events import parse_client_frame

@@ -5,7 +5,7 @@ from channels.testing import WebsocketCommunicator
 
 from pool.backends.scripted import SCRIPT
 from pool.conf import get_config
-from pool.pipeline.registry import build_registry, set_registry
+from pool.process import build_registry, set_registry
 from pool.testing import LiveServer
 
 from .helpers import Client

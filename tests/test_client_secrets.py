@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from pool.conf import get_config
 from pool.models import APIKey, ClientSecret, ServerProcess, Unit
-from pool.pipeline.registry import build_registry
+from pool.process import build_registry
 from pool.states import ProcessState, UnitState
 
 from .conftest import SCRIPTED, installed

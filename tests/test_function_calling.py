@@ -13,7 +13,9 @@ from pool.backends.cache import default_paths
 from pool.backends.llm import OpenAICompatibleLLM, _ToolCallCatcher
 from pool.backends.scripted import ScriptedSTT, ScriptedTTS
 from pool.backends.vad import SileroVAD
-from pool.pipeline.registry import PoolRegistry, set_registry
+from pool.history.recorder import NoRecords
+from pool.pipeline.registry import PoolRegistry
+from pool.process import set_registry
 
 from .helpers import Client, user_text
 
@@ -130,7 +132,7 @@ async def test_openai_compatible_backend_through_the_protocol(chat_server, setti
     settings.S2S = {"BACKEND": "scripted", "ALLOW_ANONYMOUS": True}
     vad = SileroVAD(default_paths("/nonexistent")["vad"])
     registry = PoolRegistry(Backends(vad, ScriptedSTT(), OpenAICompatibleLLM(chat_server, "", "m"),
-                                     ScriptedTTS()), 1, 1.0)
+                                     ScriptedTTS()), 1, 1.0, NoRecords())
     previous = set_registry(registry)
     try:
         communicator = WebsocketCommunicator(application, "/v1/realtime")

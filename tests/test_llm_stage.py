@@ -10,7 +10,7 @@ import pytest
 from pool.backends.base import LLMRequest
 from pool.backends.scripted import SCRIPT, ScriptedLLM
 from pool.pipeline import messages as m
-from pool.pipeline.stages import LLMStage
+from pool.pipeline.stages.llm import LLMStage
 from pool.testing import run_stage
 
 REPLY = "Sure, I can help with that. Paris is the capital of France."

@@ -12,7 +12,7 @@ from pool.backends.base import LLMRequest
 from pool.backends.scripted import ScriptedTTS
 from pool.pipeline import messages as m
 from pool.pipeline.pacing import MIN_PIECE_WORDS, SpeechPace
-from pool.pipeline.stages import TTSStage
+from pool.pipeline.stages.tts import TTSStage
 from realtime.audio import OutputAudioEncoder
 
 SENTENCE = " The capital of France is Paris, a city of lights, art and very good food."

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pool.pipeline.stages import PhraseSplitter
+from pool.pipeline.phrases import PhraseSplitter
 from realtime.errors import ProtocolError
 from realtime.events import parse_client_frame
 

@@ -21,7 +21,7 @@ from pool.backends.scripted import SCRIPT
 from pool.conf import get_config
 from pool.history.recorder import Records
 from pool.models import ServerProcess, Session, Unit
-from pool.pipeline.registry import build_registry
+from pool.process import build_registry
 from pool.states import EndReason, ProcessState, SessionState, UnitState
 from pool.testing import wait_until
 from realtime.consumers import LIVE

@@ -161,7 +161,7 @@ def test_a_backend_is_a_short_name_or_the_dotted_path_of_a_loader(settings):
     from pool.backends.scripted import load_scripted
     from pool.checks import check_settings
     from pool.conf import get_config
-    from pool.pipeline.registry import build_registry
+    from pool.process import build_registry
 
     assert backend_loader("default") is load_default and backend_loader("scripted") is load_scripted
     settings.S2S = {"BACKEND": "pool.backends.scripted.load_scripted", "POOL_SIZE": 1}

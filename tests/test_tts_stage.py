@@ -9,7 +9,7 @@ import pytest
 from pool.backends.base import LLMRequest
 from pool.backends.scripted import SCRIPT, ScriptedTTS
 from pool.pipeline import messages as m
-from pool.pipeline.stages import TTSStage
+from pool.pipeline.stages.tts import TTSStage
 from pool.testing import run_stage
 from realtime.audio import OutputAudioEncoder
 

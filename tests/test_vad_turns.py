@@ -11,7 +11,8 @@ from pool.backends.scripted import load_scripted
 from pool.backends.vad import SileroVAD
 from pool.conf import DEFAULTS
 from pool.pipeline import messages as m
-from pool.pipeline.stages import STTStage, VADStage
+from pool.pipeline.stages.stt import STTStage
+from pool.pipeline.stages.vad import VADStage
 from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder
 

@@ -13,13 +13,15 @@ import numpy as np
 
 SPEECH_RATE = 16_000  # Hz: what the VAD, the STT and the end-of-turn model take (mono float32)
 TTS_RATE = 24_000  # Hz: what the TTS returns (mono float32)
+VAD_WINDOW_SAMPLES = 512  # samples at 16 kHz per VAD call (32 ms), fixed by Silero VAD v5/v6
 
 
 class VADStream(Protocol):
     """One session's VAD state (Silero keeps a recurrent state between windows)."""
 
     def probability(self, window: np.ndarray) -> float:
-        """The speech probability in [0, 1] of ``window``: 512 float32 samples at 16 kHz (32 ms)."""
+        """The speech probability in [0, 1] of ``window``: VAD_WINDOW_SAMPLES float32 samples at
+        16 kHz."""
 
     def reset(self) -> None:
         """Forget the session (a new one starts on this stream)."""

@@ -9,10 +9,9 @@ context, exactly as ``silero_vad.utils_vad.OnnxWrapper.__call__`` does.
 
 import numpy as np
 
-from pool.backends.base import SPEECH_RATE
+from pool.backends.base import SPEECH_RATE, VAD_WINDOW_SAMPLES
 from pool.backends.onnx import cpu_session
 
-WINDOW_SAMPLES = 512  # samples at 16 kHz per call (32 ms), fixed by the model
 CONTEXT_SAMPLES = 64  # samples of the previous window prepended to each call, as in OnnxWrapper
 
 
@@ -40,8 +39,8 @@ class SileroStream:
 
     def probability(self, window):
         """Speech probability of ``window`` (512 float32 samples at 16 kHz). Raises ValueError."""
-        if window.shape != (WINDOW_SAMPLES,):
-            raise ValueError(f"Silero VAD takes {WINDOW_SAMPLES} samples, got {window.shape}")
+        if window.shape != (VAD_WINDOW_SAMPLES,):
+            raise ValueError(f"Silero VAD takes {VAD_WINDOW_SAMPLES} samples, got {window.shape}")
         x = np.concatenate([self._context, window[np.newaxis, :].astype(np.float32)], axis=1)
         out, self._state = self._session.run(None, {"input": x, "state": self._state, "sr": self._sr})
         self._context = x[:, -CONTEXT_SAMPLES:]

@@ -1,8 +1,7 @@
 """The in-process pool: a fixed set of PipelineUnits, claimed by sessions and drained after.
 
-One ``PoolRegistry`` per server process (``get_registry()``), built from the settings on first
-use or explicitly by ``manage.py runpool`` before it serves. Claims and state changes happen under
-one lock, so two sessions never share a unit.
+One ``PoolRegistry`` per server process (``pool.process.get_registry()``, which builds it from the
+settings). Claims and state changes happen under one lock, so two sessions never share a unit.
 """
 
 import functools
@@ -12,8 +11,6 @@ import time
 
 from pool import metrics
 from pool.backends.voices import OPENAI_VOICES
-from pool.conf import get_config
-from pool.history.recorder import NoRecords, Records
 from pool.pipeline.unit import PipelineUnit
 from pool.states import UnitState
 
@@ -29,10 +26,10 @@ class PoolRegistry:
     it, so it must not block; ``session_id`` is the session the change concerns.
     """
 
-    def __init__(self, backends, size, release_after, records=None):
+    def __init__(self, backends, size, release_after, records):
         self._lock = threading.Lock()
         self.release_after = release_after
-        self.records = records or NoRecords()
+        self.records = records
         self.accepting = True  # False once the process shuts down: no claim succeeds
         self.process_draining = False  # no new sessions but those of client secrets (start_draining)
         self.drain_listeners = []
@@ -196,47 +193,3 @@ class PoolRegistry:
         for unit in self.units:
             unit.stop()
         self.records.stop()
-
-
-def build_registry(config, size=None, record=True):
-    """Load the backends and build a pool of ``size`` units (default ``POOL_SIZE``).
-
-    With ``record``, the process and its units are registered in the database and every session
-    is recorded (``pool.history.recorder``); this touches the database synchronously, once.
-    """
-    from pool.backends import load_backends
-
-    size = size or config["POOL_SIZE"]
-    records = Records(config["RELEASE_AFTER_SECONDS"], config["HEARTBEAT_SECONDS"],
-                      config["LOST_AFTER_SECONDS"]) if record else None
-    registry = PoolRegistry(load_backends(config), size, config["RELEASE_AFTER_SECONDS"], records)
-    if record:
-        records.on_draining = registry.start_draining
-        records.start(registry.units, config["PUBLIC_URL"] or "")
-    return registry
-
-
-_registry = None
-_registry_lock = threading.Lock()
-
-
-def get_registry():
-    """The process's pool, built from ``S2S`` settings on first call (loads the models)."""
-    global _registry
-    with _registry_lock:
-        if _registry is None:
-            _registry = build_registry(get_config())
-        return _registry
-
-
-def local_registry():
-    """The process's pool if one is built, else None (never builds one)."""
-    return _registry
-
-
-def set_registry(registry):
-    """Install ``registry`` as the process's pool (runpool and tests); returns the previous one."""
-    global _registry
-    with _registry_lock:
-        previous, _registry = _registry, registry
-    return previous

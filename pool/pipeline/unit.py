@@ -14,7 +14,10 @@ import queue
 import threading
 
 from pool.pipeline import messages as m
-from pool.pipeline.stages import LLMStage, STTStage, TTSStage, VADStage
+from pool.pipeline.stages.llm import LLMStage
+from pool.pipeline.stages.stt import STTStage
+from pool.pipeline.stages.tts import TTSStage
+from pool.pipeline.stages.vad import VADStage
 from pool.states import UnitState
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from pool.backends.cache import PreparationError
 from pool.conf import get_config, set_for_process
-from pool.pipeline.registry import build_registry, set_registry
+from pool.process import build_registry, set_registry
 
 log = logging.getLogger("pool")
 

@@ -1,0 +1,104 @@
+"""The TTS stage: speech for each phrase, sent in deltas; function calls and response ends in order."""
+
+import base64
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import numpy as np
+
+from pool.backends.base import TTS_RATE
+from pool.pipeline import messages as m
+from pool.pipeline.pacing import pace_of
+from pool.pipeline.stages.base import Stage
+
+DELTA_MS = 200  # audio per response.output_audio.delta
+
+
+class TTSStage(Stage):
+    """Speaks phrases and sends their audio in DELTA_MS chunks; passes function calls on and
+    closes each response, in the order the LLM produced them.
+
+    A phrase longer than the client's unplayed audio lasts is spoken in pieces
+    (``pool.pipeline.pacing``), so the listener hears no gap while the next piece is synthesized.
+
+    Synthesis of one phrase cannot be interrupted (one ONNX run, up to ~1.5 s), so it runs on the
+    stage's own worker thread while the stage waits, watching for cancellation: a cancelled or
+    closed session frees the stage (and so the drain) within CANCEL_POLL_SECONDS; the worker
+    finishes the stale phrase and drops it.
+    """
+
+    name = "tts"
+    CANCEL_POLL_SECONDS = 0.02
+
+    def __init__(self, backends, thread_name="tts-worker"):
+        self._tts = backends.tts
+        self._pace = pace_of(backends.tts)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
+
+    def stop(self):
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    def _synthesize(self, ctx, job, text):
+        """float32 @ 24 kHz, or None when the response was cancelled or the session closed."""
+        future = self._worker.submit(self._tts.synthesize, text, job.voice, job.speed)
+        while True:
+            try:
+                return future.result(timeout=self.CANCEL_POLL_SECONDS)
+            except FutureTimeout:
+                if job.cancelled.is_set() or ctx.closed:
+                    return None
+
+    def handle(self, ctx, msg):
+        job = msg.job
+        if isinstance(msg, m.FunctionCall):
+            ctx.emit(m.ResponseFunctionCall(job.response_id, msg.call_id, msg.name, msg.arguments))
+            return
+        if isinstance(msg, m.JobEnd):
+            if not job.cancelled.is_set():
+                self._send(ctx, job, "", job.encoder.encode(np.zeros(0, np.float32), last=True), 0.0, 0.0)
+            ctx.emit(m.ResponseFinished(job.response_id, msg.usage, msg.error))
+            return
+        if job.cancelled.is_set():
+            return
+        rest = msg.text
+        if not rest.strip():
+            self._send(ctx, job, rest, b"", 0.0, 0.0)
+        while rest.strip() and not job.cancelled.is_set():
+            piece, rest = self._pace.next_piece(rest, self._lead(job))
+            if not self._speak(ctx, job, piece):
+                return
+        job.phrase_spoken()
+
+    @staticmethod
+    def _lead(job):
+        """Seconds of the reply's audio the client holds and has not played (played in real
+        time from the first audio), or None before the first audio."""
+        first = job.marks.tts_first_audio
+        return None if first is None else job.audio_seconds - (time.perf_counter() - first)
+
+    def _speak(self, ctx, job, text):
+        """Synthesize ``text`` and send it; False when the response or session ended meanwhile."""
+        started = time.perf_counter()
+        samples = self._synthesize(ctx, job, text.strip())
+        if samples is None:
+            return False
+        seconds = time.perf_counter() - started
+        self._pace.observe(len(text.split()), len(samples) / TTS_RATE, seconds)
+        if job.marks.reach("tts_first_audio"):
+            job.marks.tts_first_compute_s = seconds
+            job.marks.tts_first_phrase_audio_s = len(samples) / TTS_RATE
+        job.audio_seconds += len(samples) / TTS_RATE
+        if ctx.recording is not None:
+            ctx.recording.write_sent()  # what the session forwarded of the earlier phrases
+        self._send(ctx, job, text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE, seconds,
+                   samples if ctx.recording is not None else None)
+        return True
+
+    @staticmethod
+    def _send(ctx, job, transcript, wire, audio_ms, tts_seconds, samples=None):
+        if not wire and not transcript:
+            return
+        step = job.encoder.bytes_per_second * DELTA_MS // 1000
+        chunks = [base64.b64encode(wire[i:i + step]).decode("ascii") for i in range(0, len(wire), step)]
+        ctx.emit(m.ResponseAudio(job.response_id, transcript, chunks, audio_ms, tts_seconds, samples))
