@@ -9,8 +9,15 @@ The pipeline works in float32 mono: 16,000 Hz for VAD and STT (what Silero VAD a
 24,000 Hz out of TTS (what Kokoro speaks). Resampling goes through soxr's ``ResampleStream``, one
 per direction per session, so chunk boundaries leave no clicks. G.711 uses the standard library's
 ``audioop`` (``audioop-lts`` on Python 3.13+).
+
+Every rule of the wire's audio is here: base64, PCM16 framing (float -> PCM16 rounds, for the wire
+and the recordings alike) and the cut of a reply into ``DELTA_MS`` deltas. The decoder and the
+encoder are handed to the unit with each session's settings, and run on its stage threads (the
+event loop only parses and routes, docs/DESIGN.md).
 """
 
+import base64
+import binascii
 import warnings
 
 import numpy as np
@@ -26,10 +33,16 @@ PCM_RATE = 24_000  # Hz, audio/pcm on the wire
 G711_RATE = 8_000  # Hz, audio/pcmu and audio/pcma on the wire
 
 FORMAT_TYPES = ("audio/pcm", "audio/pcmu", "audio/pcma")
+DELTA_MS = 200  # audio per response.output_audio.delta: small for any client's message limit
 
 
 class AudioFormatError(ValueError):
-    """Bytes that cannot be audio in the declared format (e.g. PCM16 with an odd byte count)."""
+    """An append that cannot be audio in the declared format: ``code`` is the ``error`` event's,
+    ``invalid_base64`` (not base64) or ``invalid_audio`` (e.g. PCM16 with an odd byte count)."""
+
+    def __init__(self, message, code="invalid_audio"):
+        super().__init__(message)
+        self.code = code
 
 
 def wire_rate(fmt):
@@ -68,24 +81,30 @@ def _g711_encode(pcm16, fmt_type):
 class InputAudioDecoder:
     """Wire audio of one session -> float32 mono at SPEECH_RATE, resampled statefully.
 
-    ``decode(data)`` takes the raw (base64-decoded) bytes of one ``input_audio_buffer.append`` and
-    returns float32 samples at 16 kHz. Raises AudioFormatError for bytes the format cannot hold.
+    ``decode(audio_b64)`` takes the ``audio`` of one ``input_audio_buffer.append`` (base64) and
+    returns float32 samples at 16 kHz. Raises AudioFormatError for text that is not base64, or
+    bytes the format cannot hold.
     """
 
     def __init__(self, fmt):
         self.format_type = fmt["type"]
         self._resampler = soxr.ResampleStream(wire_rate(fmt), SPEECH_RATE, 1, dtype="float32")
 
-    def decode(self, data):
+    def decode(self, audio_b64):
+        try:
+            data = base64.b64decode(audio_b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise AudioFormatError(f"'audio' is not valid base64: {exc}.", "invalid_base64") from None
         if self.format_type != "audio/pcm":
             data = _g711_decode(data, self.format_type)
         return self._resampler.resample_chunk(pcm16_to_float(data))
 
 
 class OutputAudioEncoder:
-    """TTS float32 mono at TTS_RATE -> wire bytes of one session's output format.
+    """TTS float32 mono at TTS_RATE -> the ``delta`` strings of one session's output format.
 
     PCM at 24 kHz needs no resampling; G.711 is resampled statefully to 8 kHz first.
+    ``deltas(samples, last=False)`` returns base64 strings of at most DELTA_MS each.
     """
 
     def __init__(self, fmt):
@@ -96,9 +115,16 @@ class OutputAudioEncoder:
             self._resampler = soxr.ResampleStream(TTS_RATE, wire_rate(fmt), 1, dtype="float32")
 
     def encode(self, samples, last=False):
+        """Wire bytes of ``samples`` (``last``: the end of the reply, the resampler's tail)."""
         if self._resampler is not None:
             samples = self._resampler.resample_chunk(samples, last=last)
         pcm16 = float_to_pcm16(samples)
         if self.format_type == "audio/pcm":
             return pcm16
         return _g711_encode(pcm16, self.format_type)
+
+    def deltas(self, samples, last=False):
+        """``samples`` as the base64 ``delta`` strings of ``response.output_audio.delta``."""
+        wire = self.encode(samples, last)
+        step = self.bytes_per_second * DELTA_MS // 1000
+        return [base64.b64encode(wire[i:i + step]).decode("ascii") for i in range(0, len(wire), step)]

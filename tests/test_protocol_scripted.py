@@ -286,7 +286,7 @@ async def test_g711_in_and_out(connect):
     alaw = b"".join(base64.b64decode(e["delta"]) for e in client.received if e["type"] == "response.output_audio.delta")
     seconds = len(SCRIPT.reply) * SCRIPT.seconds_per_char  # what the scripted TTS spoke, at 24 kHz
     assert abs(len(alaw) - seconds * 8000) < 0.05 * seconds * 8000  # A-law: 8,000 bytes a second
-    tone = InputAudioDecoder({"type": "audio/pcma"}).decode(alaw)[1600:]  # as A-law, 16 kHz
+    tone = InputAudioDecoder({"type": "audio/pcma"}).decode(base64.b64encode(alaw).decode())[1600:]  # as A-law, 16 kHz
     peak_hz = np.argmax(np.abs(np.fft.rfft(tone))) * 16_000 / len(tone)
     assert abs(peak_hz - 220) < 5  # the scripted TTS's 220 Hz tone, intact through G.711
     await client.ws.disconnect()

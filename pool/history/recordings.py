@@ -32,6 +32,7 @@ from django.core.files.storage import default_storage
 from django.utils import timezone
 
 from pool.backends.base import SPEECH_RATE, TTS_RATE
+from realtime.audio import float_to_pcm16  # what was on the wire, as it was framed there
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class SessionRecording:
         if self.stopped:
             return
         try:
-            self._raw[side].write((np.clip(samples, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+            self._raw[side].write(float_to_pcm16(samples))
         except (OSError, ValueError) as exc:  # ValueError: closed by the other side's _stop
             self._stop(exc)
             return

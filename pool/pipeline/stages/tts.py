@@ -1,6 +1,5 @@
 """The TTS stage: speech for each phrase, sent in deltas; function calls and response ends in order."""
 
-import base64
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -12,11 +11,9 @@ from pool.pipeline import messages as m
 from pool.pipeline.pacing import pace_of
 from pool.pipeline.stages.base import Stage
 
-DELTA_MS = 200  # audio per response.output_audio.delta
-
 
 class TTSStage(Stage):
-    """Speaks phrases and sends their audio in DELTA_MS chunks; passes function calls on and
+    """Speaks phrases and sends their audio as the encoder cuts it into deltas; passes function calls on and
     closes each response, in the order the LLM produced them.
 
     A phrase longer than the client's unplayed audio lasts is spoken in pieces
@@ -56,14 +53,14 @@ class TTSStage(Stage):
             return
         if isinstance(msg, m.JobEnd):
             if not job.cancelled.is_set():
-                self._send(ctx, job, "", job.encoder.encode(np.zeros(0, np.float32), last=True), 0.0, 0.0)
+                self._send(ctx, job, "", job.encoder.deltas(np.zeros(0, np.float32), last=True), 0.0, 0.0)
             ctx.emit(m.ResponseFinished(job.response_id, msg.usage, msg.error))
             return
         if job.cancelled.is_set():
             return
         rest = msg.text
         if not rest.strip():
-            self._send(ctx, job, rest, b"", 0.0, 0.0)
+            self._send(ctx, job, rest, [], 0.0, 0.0)
         while rest.strip() and not job.cancelled.is_set():
             piece, rest = self._pace.next_piece(rest, self._lead(job))
             if not self._speak(ctx, job, piece):
@@ -91,14 +88,11 @@ class TTSStage(Stage):
         job.audio_seconds += len(samples) / TTS_RATE
         if ctx.recording is not None:
             ctx.recording.write_sent()  # what the session forwarded of the earlier phrases
-        self._send(ctx, job, text, job.encoder.encode(samples), len(samples) * 1000 / TTS_RATE, seconds,
+        self._send(ctx, job, text, job.encoder.deltas(samples), len(samples) * 1000 / TTS_RATE, seconds,
                    samples if ctx.recording is not None else None)
         return True
 
     @staticmethod
-    def _send(ctx, job, transcript, wire, audio_ms, tts_seconds, samples=None):
-        if not wire and not transcript:
-            return
-        step = job.encoder.bytes_per_second * DELTA_MS // 1000
-        chunks = [base64.b64encode(wire[i:i + step]).decode("ascii") for i in range(0, len(wire), step)]
-        ctx.emit(m.ResponseAudio(job.response_id, transcript, chunks, audio_ms, tts_seconds, samples))
+    def _send(ctx, job, transcript, chunks, audio_ms, tts_seconds, samples=None):
+        if chunks or transcript:
+            ctx.emit(m.ResponseAudio(job.response_id, transcript, chunks, audio_ms, tts_seconds, samples))

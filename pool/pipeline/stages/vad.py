@@ -1,7 +1,5 @@
 """The VAD stage: the input audio buffer, Silero VAD, turn detection and commits."""
 
-import base64
-import binascii
 import collections
 import time
 
@@ -81,14 +79,9 @@ class VADStage(Stage):
 
     def _append(self, ctx, msg):
         try:
-            data = base64.b64decode(msg.audio_b64, validate=True)
-        except (binascii.Error, ValueError) as exc:
-            ctx.emit(m.InputRejected("invalid_base64", f"'audio' is not valid base64: {exc}.", msg.event_id, "audio"))
-            return
-        try:
-            samples = self.decoder.decode(data)
-        except ValueError as exc:
-            ctx.emit(m.InputRejected("invalid_audio", str(exc), msg.event_id, "audio"))
+            samples = self.decoder.decode(msg.audio_b64)
+        except ValueError as exc:  # the decoder's AudioFormatError names its code
+            ctx.emit(m.InputRejected(getattr(exc, "code", "invalid_audio"), str(exc), msg.event_id, "audio"))
             return
         buffered = len(self._buffer) * VAD_WINDOW_SAMPLES + len(self._pending)
         if buffered + len(samples) > MAX_BUFFER_SECONDS * SPEECH_RATE:
