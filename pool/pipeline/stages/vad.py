@@ -2,6 +2,7 @@
 
 import collections
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,6 +24,43 @@ MIN_SPEECH_MS = 160
 SPECULATE_MS = 200
 
 
+@dataclass
+class _Speech:
+    """The speech in progress: a candidate until MIN_SPEECH_MS of it is voiced, then announced
+    (``SpeechStarted``) and a turn once its silence ends it."""
+
+    item_id: str
+    start: int  # samples into the session's audio where it (with its prefix padding) begins
+    voiced: int = 1  # windows at or above the threshold
+    announced: bool = False
+    silence: int = 0  # samples of silence since its last speech window
+    asked: bool = False  # the end-of-turn model was asked about the current pause
+    speculated: int | None = None  # samples of it transcribed at the current pause
+    peek: tuple | None = None  # (voiced samples, prompt) at which to peek at it
+
+
+@dataclass
+class _Input:
+    """One session's input: its settings and its input audio buffer. The stage holds one per
+    session and replaces it whole when the session ends, so nothing of it reaches the next."""
+
+    decoder: object = None  # has decode(audio_b64) -> float32 @ 16 kHz (realtime.audio)
+    turn_detection: m.TurnDetection | None = None  # None: manual turns
+    language: str | None = None
+    pending: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # not yet a window
+    buffer: list = field(default_factory=list)  # windows since the last commit (manual turns, or speech)
+    prefix: collections.deque = field(default_factory=collections.deque)  # windows before speech (padding)
+    samples_seen: int = 0
+    speech: _Speech | None = None
+    last: tuple | None = None  # (item id, audio, voiced samples) of the last speech committed
+    lag_max: float = 0.0  # seconds from an append's arrival to its VAD, this session
+
+    def audio(self, pending=False):
+        """The buffered audio as one array (``pending``: with the part-window at its end)."""
+        parts = self.buffer + ([self.pending] if pending and len(self.pending) else [])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
 class VADStage(Stage):
     """Owns the input audio buffer: decodes appends, runs Silero VAD, detects turns, commits."""
 
@@ -33,33 +71,22 @@ class VADStage(Stage):
         self._turn = backends.turn
         self._stt_inbox = stt_inbox
         self.busy = False
-        self.input_lag_max = 0.0  # seconds from an append's arrival to its VAD, this session
         self.end_session()
 
     def end_session(self):
         self._stream.reset()
-        self.decoder = None
-        self.turn_detection = None
-        self.language = None
-        self._pending = np.zeros(0, dtype=np.float32)  # decoded, not yet a whole window
-        self._buffer = []  # windows since the last commit (manual turns, or during speech)
-        self._prefix = collections.deque()  # recent windows before speech (prefix padding)
-        self._samples_seen = 0
-        self._speech_item = None
-        self._silence = 0  # samples of silence since the last speech window
-        self._voiced, self._announced, self._speech_start = 0, False, 0  # the current speech
-        self._asked = False  # the end-of-turn model was asked about the current pause
-        self._speculated = None  # samples of the speech transcribed at the current pause
-        self._peek = None  # (voiced samples, prompt) at which to peek at the current speech
-        self._last = None  # (item id, audio, voiced samples) of the last speech committed
-        self.input_lag_max = 0.0
+        self._in = _Input()
+
+    @property
+    def input_lag_max(self):
+        return self._in.lag_max
 
     def handle(self, ctx, msg):
+        state = self._in
         if isinstance(msg, m.ConfigureInput):
-            self.decoder, self.language = msg.decoder, msg.language
-            self.turn_detection = msg.turn_detection
-            if msg.turn_detection is None and self._speech_item:
-                self._speech_item = None  # switching to manual turns keeps the buffered audio
+            state.decoder, state.language, state.turn_detection = msg.decoder, msg.language, msg.turn_detection
+            if msg.turn_detection is None:
+                state.speech = None  # switching to manual turns keeps the buffered audio
         elif isinstance(msg, m.AppendInput):
             self.busy = True  # read by the protocol: a reply waits until all input is heard
             try:
@@ -67,23 +94,24 @@ class VADStage(Stage):
             finally:
                 self.busy = False
         elif isinstance(msg, m.CommitInput):
-            self._commit(ctx, msg.event_id, self._speech_item or new_id("item"))
+            self._commit(ctx, msg.event_id, state.speech.item_id if state.speech else new_id("item"))
         elif isinstance(msg, m.PeekInput):
             self._peek_request(ctx, msg)
         elif isinstance(msg, m.ClearInput):
-            if self._peek is not None:
-                ctx.emit(m.SpeechPeeked(self._speech_item, "", 0))
-            self._buffer, self._pending, self._speech_item, self._peek = [], self._pending[:0], None, None
-            self._prefix.clear()
+            if state.speech is not None and state.speech.peek is not None:
+                ctx.emit(m.SpeechPeeked(state.speech.item_id, "", 0))
+            state.buffer, state.pending, state.speech = [], state.pending[:0], None
+            state.prefix.clear()
             ctx.emit(m.InputCleared(msg.event_id))
 
     def _append(self, ctx, msg):
+        state = self._in
         try:
-            samples = self.decoder.decode(msg.audio_b64)
+            samples = state.decoder.decode(msg.audio_b64)
         except ValueError as exc:  # the decoder's AudioFormatError names its code
             ctx.emit(m.InputRejected(getattr(exc, "code", "invalid_audio"), str(exc), msg.event_id, "audio"))
             return
-        buffered = len(self._buffer) * VAD_WINDOW_SAMPLES + len(self._pending)
+        buffered = len(state.buffer) * VAD_WINDOW_SAMPLES + len(state.pending)
         if buffered + len(samples) > MAX_BUFFER_SECONDS * SPEECH_RATE:
             ctx.emit(m.InputRejected(
                 "input_audio_buffer_full",
@@ -92,101 +120,105 @@ class VADStage(Stage):
             return
         if ctx.recording is not None:
             ctx.recording.user(samples)
-        audio = np.concatenate([self._pending, samples]) if len(self._pending) else samples
+        audio = np.concatenate([state.pending, samples]) if len(state.pending) else samples
         whole = len(audio) - len(audio) % VAD_WINDOW_SAMPLES
         for start in range(0, whole, VAD_WINDOW_SAMPLES):
             self._window(ctx, audio[start:start + VAD_WINDOW_SAMPLES])
-        self._pending = audio[whole:].copy()
-        self.input_lag_max = max(self.input_lag_max, time.monotonic() - msg.received_at)
+        state.pending = audio[whole:].copy()
+        state.lag_max = max(state.lag_max, time.monotonic() - msg.received_at)
 
     def _window(self, ctx, window):
+        state = self._in
         probability = self._stream.probability(window)
-        self._samples_seen += VAD_WINDOW_SAMPLES
-        td = self.turn_detection
+        state.samples_seen += VAD_WINDOW_SAMPLES
+        td = state.turn_detection
         if td is None:
-            self._buffer.append(window)
+            state.buffer.append(window)
             return
         voiced = probability >= td.threshold
-        if self._speech_item is None:
-            self._prefix.append(window)
-            while len(self._prefix) * VAD_WINDOW_SAMPLES > td.prefix_padding_ms * SPEECH_RATE // 1000 + VAD_WINDOW_SAMPLES:
-                self._prefix.popleft()
+        speech = state.speech
+        if speech is None:
+            state.prefix.append(window)
+            while len(state.prefix) * VAD_WINDOW_SAMPLES > td.prefix_padding_ms * SPEECH_RATE // 1000 + VAD_WINDOW_SAMPLES:
+                state.prefix.popleft()
             if voiced:  # a candidate: speech once it has MIN_SPEECH_MS of voiced windows
-                self._speech_item = new_id("item")
-                self._buffer = list(self._prefix)
-                self._prefix.clear()
-                self._silence, self._voiced, self._announced = 0, 1, False
-                self._speech_start = self._samples_seen - len(self._buffer) * VAD_WINDOW_SAMPLES
+                state.buffer = list(state.prefix)
+                state.prefix.clear()
+                state.speech = _Speech(new_id("item"), state.samples_seen - len(state.buffer) * VAD_WINDOW_SAMPLES)
             return
-        self._buffer.append(window)
-        self._voiced += voiced
-        if not self._announced and self._voiced * VAD_WINDOW_SAMPLES * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
-            self._announced = True
-            ctx.emit(m.SpeechStarted(self._speech_item, _ms(max(self._speech_start, 0))))
+        state.buffer.append(window)
+        speech.voiced += voiced
+        if not speech.announced and speech.voiced * VAD_WINDOW_SAMPLES * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
+            speech.announced = True
+            ctx.emit(m.SpeechStarted(speech.item_id, _ms(max(speech.start, 0))))
         if probability < max(td.threshold - NEG_THRESHOLD_GAP, 0.01):
-            self._silence += VAD_WINDOW_SAMPLES
+            speech.silence += VAD_WINDOW_SAMPLES
         else:
-            self._silence, self._asked, self._speculated = 0, False, None
-        if not self._announced:
-            if self._silence * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
+            speech.silence, speech.asked, speech.speculated = 0, False, None
+        if not speech.announced:
+            if speech.silence * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
                 self._drop_candidate()
             return
         self._maybe_peek(ctx)
         self._maybe_speculate(ctx, td)
-        if self._silence * 1000 >= td.silence_ms * SPEECH_RATE or self._finished_early(td):
-            item_id = self._speech_item
-            ctx.emit(m.SpeechStopped(item_id, _ms(self._samples_seen - self._silence)))
-            self._commit(ctx, None, item_id)
+        if speech.silence * 1000 >= td.silence_ms * SPEECH_RATE or self._finished_early(td):
+            ctx.emit(m.SpeechStopped(speech.item_id, _ms(state.samples_seen - speech.silence)))
+            self._commit(ctx, None, speech.item_id)
 
     def _drop_candidate(self):
         """A click or a breath: too little voiced audio to be speech. Its windows become the
         prefix padding of the next speech."""
-        self._prefix = collections.deque(self._buffer)
-        self._buffer, self._speech_item = [], None
+        state = self._in
+        state.prefix = collections.deque(state.buffer)
+        state.buffer, state.speech = [], None
 
     def _maybe_speculate(self, ctx, td):
         """Early in a pause (SPECULATE_MS, shorter than the turn's silence), transcribe the
         speech so far: the STT keeps the result for the commit, which reuses it when nothing but
         silence came between."""
+        speech = self._in.speech
         at_ms = min(SPECULATE_MS, td.check_ms // 2) if td.check_ms else SPECULATE_MS
-        if (self._speculated is not None or td.silence_ms <= at_ms
-                or self._silence * 1000 < at_ms * SPEECH_RATE):
+        if (speech.speculated is not None or td.silence_ms <= at_ms
+                or speech.silence * 1000 < at_ms * SPEECH_RATE):
             return
-        audio = np.concatenate(self._buffer)
-        self._speculated = len(audio)
-        self._stt_inbox.put((ctx, m.Speculate(self._speech_item, audio, self.language)))
+        audio = self._in.audio()
+        speech.speculated = len(audio)
+        self._stt_inbox.put((ctx, m.Speculate(speech.item_id, audio, self._in.language)))
 
     def _finished_early(self, td):
         """semantic_vad: at the first ``check_ms`` of a pause, the end-of-turn model decides."""
-        if (td.check_ms is None or self._turn is None or self._asked
-                or self._silence * 1000 < td.check_ms * SPEECH_RATE):
+        speech = self._in.speech
+        if (td.check_ms is None or self._turn is None or speech.asked
+                or speech.silence * 1000 < td.check_ms * SPEECH_RATE):
             return False
-        self._asked = True
-        return self._turn.is_complete(np.concatenate(self._buffer))
+        speech.asked = True
+        return self._turn.is_complete(self._in.audio())
 
     def _peek_request(self, ctx, msg):
         """Peek at the current speech once it is voiced enough; at the last item, which ended
         before the request came (the input was ahead of the protocol), as a whole."""
+        state = self._in
         after = msg.after_ms * SPEECH_RATE // 1000
-        if msg.item_id == self._speech_item:
-            self._peek = (after, msg.prompt)
+        if state.speech is not None and msg.item_id == state.speech.item_id:
+            state.speech.peek = (after, msg.prompt)
             self._maybe_peek(ctx)
-        elif self._last is not None and msg.item_id == self._last[0] and self._last[2] >= after:
-            item_id, audio, voiced = self._last
-            self._stt_inbox.put((ctx, m.Peek(item_id, audio, self.language, msg.prompt, _ms(voiced))))
+        elif state.last is not None and msg.item_id == state.last[0] and state.last[2] >= after:
+            item_id, audio, voiced = state.last
+            self._stt_inbox.put((ctx, m.Peek(item_id, audio, state.language, msg.prompt, _ms(voiced))))
         else:  # too short, or long gone: no words to hear
             ctx.emit(m.SpeechPeeked(msg.item_id, "", 0))
 
     def _maybe_peek(self, ctx):
-        voiced = self._voiced * VAD_WINDOW_SAMPLES
-        if self._peek is not None and voiced >= self._peek[0]:
-            audio = np.concatenate(self._buffer)
-            self._stt_inbox.put((ctx, m.Peek(self._speech_item, audio, self.language, self._peek[1], _ms(voiced))))
-            self._peek = None
+        speech = self._in.speech
+        voiced = speech.voiced * VAD_WINDOW_SAMPLES
+        if speech.peek is not None and voiced >= speech.peek[0]:
+            self._stt_inbox.put((ctx, m.Peek(speech.item_id, self._in.audio(), self._in.language, speech.peek[1],
+                                             _ms(voiced))))
+            speech.peek = None
 
     def _commit(self, ctx, event_id, item_id):
-        parts = self._buffer + ([self._pending] if len(self._pending) else [])
-        audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+        state, speech = self._in, self._in.speech
+        audio = state.audio(pending=True)
         if _ms(len(audio)) < MIN_COMMIT_MS:
             ctx.emit(m.InputRejected(
                 "input_audio_buffer_commit_empty",
@@ -194,14 +226,13 @@ class VADStage(Stage):
                 f"{MIN_COMMIT_MS}ms of audio, but buffer only has {_ms(len(audio))}ms of audio.",
                 event_id))
             return
-        if self._peek is not None:  # it ended before it was voiced enough to be peeked at
-            ctx.emit(m.SpeechPeeked(item_id, "", _ms(self._voiced * VAD_WINDOW_SAMPLES)))
+        voiced = speech.voiced * VAD_WINDOW_SAMPLES if speech else 0
+        if speech is not None and speech.peek is not None:  # it ended before it was voiced enough to be peeked at
+            ctx.emit(m.SpeechPeeked(item_id, "", _ms(voiced)))
         # Kept for a peek asked for after the speech ended (server VAD turns only: a manual
         # buffer may hold minutes of audio).
-        self._last = (item_id, audio, self._voiced * VAD_WINDOW_SAMPLES) if self.turn_detection else None
-        self._buffer, self._pending, self._speech_item = [], self._pending[:0], None
-        self._prefix.clear()
-        speculated, self._speculated = self._speculated, None
-        self._peek, self._asked, self._voiced = None, False, 0
+        state.last = (item_id, audio, voiced) if state.turn_detection else None
+        state.buffer, state.pending, state.speech = [], state.pending[:0], None
+        state.prefix.clear()
         ctx.emit(m.InputCommitted(item_id, _ms(len(audio)), event_id))
-        self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, self.language, speculated)))
+        self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, state.language, speech.speculated if speech else None)))
