@@ -44,7 +44,7 @@ LIVE_PROCESS_STATES = (ProcessState.RUNNING, ProcessState.DRAINING)
 
 
 class EndReason(models.TextChoices):
-    """Why a session ended (``realtime.consumers`` decides, the recorder writes it)."""
+    """Why a session ended (``realtime.session.lifecycle`` and its transport decide, the recorder writes it)."""
 
     CLIENT_CLOSE = "client_close", "client close"
     IDLE_TIMEOUT = "idle_timeout", "idle timeout"

@@ -9,6 +9,8 @@ Wire shape (OpenAI Realtime GA)::
 Codes used by this server are listed in ``docs/PROTOCOL.md`` of the repository.
 """
 
+from pool.ids import new_id
+
 
 class ProtocolError(Exception):
     """A client event that cannot be carried out. The session goes on after it.
@@ -34,3 +36,7 @@ class ProtocolError(Exception):
             "param": self.param,
             "event_id": self.event_id,
         }
+
+    def to_event(self):
+        """The whole ``error`` server event, under a new event id."""
+        return {"type": "error", "event_id": new_id("event"), "error": self.to_error()}

@@ -24,7 +24,7 @@ from pool.models import ServerProcess, Session, Unit
 from pool.process import build_registry
 from pool.states import EndReason, ProcessState, SessionState, UnitState
 from pool.testing import wait_until
-from realtime.consumers import LIVE
+from realtime.session.lifecycle import LIVE
 
 from .helpers import user_text
 
@@ -255,10 +255,9 @@ async def test_an_ended_session_is_freed_at_once_not_at_the_next_full_garbage_co
     await client.send(user_text("x" * 100_000))
     await client.send({"type": "response.create"})
     await client.until("response.output_audio.delta")
-    consumer = next(iter(LIVE))
-    gone = [weakref.ref(consumer), weakref.ref(consumer.session),
-            weakref.ref(consumer.session.conversation)]
-    del consumer
+    live = next(iter(LIVE))
+    gone = [weakref.ref(live), weakref.ref(live.session), weakref.ref(live.session.conversation)]
+    del live
     gc.collect()
     gc.disable()
     try:

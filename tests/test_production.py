@@ -11,11 +11,10 @@ import sys
 import pytest
 from django.core.management.utils import get_random_secret_key
 
-from pool.access import auth
+from pool.access import accounting, auth
 from pool.models import Session
 from pool.testing import PROJECT_DIR as ROOT
 from pool.testing import LiveServer
-from realtime import consumers
 
 from .helpers import open_socket, refused_with
 
@@ -61,7 +60,7 @@ def test_the_forwarded_header_is_read_when_the_proxy_writes_it(settings):
 
 
 def test_the_default_connect_rate_allows_60_a_minute_per_address():
-    rate = auth.ConnectRate()
+    rate = accounting.ConnectRate()
     assert all(rate.allow("192.0.2.1", now=t * 0.5) for t in range(60))
     assert not rate.allow("192.0.2.1", now=30.0)
     assert rate.allow("192.0.2.2", now=30.0)
@@ -257,4 +256,4 @@ def test_runpool_told_not_to_migrate_says_so_in_one_line(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _fresh_connect_rate(monkeypatch):
-    monkeypatch.setattr(consumers, "CONNECT_RATE", auth.ConnectRate())
+    monkeypatch.setattr(accounting, "CONNECT_RATE", accounting.ConnectRate())

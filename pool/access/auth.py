@@ -1,5 +1,5 @@
-"""Who may open a session: API keys, explicit anonymous access, browser origins, the client's
-address behind trusted proxies, and a per-address connect rate.
+"""Who may open a session: API keys, explicit anonymous access, browser origins and the client's
+address behind trusted proxies.
 
 Keys travel as ``Authorization: Bearer <key>`` (SDKs) or as the WebSocket subprotocol
 ``openai-insecure-api-key.<key>`` (browsers cannot set headers). A string that is not shaped like
@@ -7,10 +7,8 @@ our keys (SDKs need *some* api_key) counts as no key. What a key looks like and 
 ``pool.access.keys``.
 """
 
-import collections
 import functools
 import ipaddress
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit
@@ -113,43 +111,6 @@ def anonymous_allowed():
     """Clients without a key are served only when ``ALLOW_ANONYMOUS`` is True (set in ``S2S``, or
     by ``runpool --allow-anonymous``, the local quick start). Never inferred from an address."""
     return get_config()["ALLOW_ANONYMOUS"] is True
-
-
-class ConnectRate:
-    """At most ``CONNECTS_PER_MINUTE`` new sessions per client address in any 60 s, in this
-    process (a sliding window of session starts). Refused connects do not count, so clients
-    without a key cannot use up the budget of keyed clients behind the same address. Memory is
-    bounded by the addresses seen in the last minute: older ones are dropped as the table is
-    swept, and an address is a normalised IP (``client_address``), never header text."""
-
-    WINDOW = 60.0  # seconds
-
-    def __init__(self):
-        self._times = {}  # address -> deque of monotonic connect times, oldest first
-        self._next_sweep = 0.0
-
-    def allow(self, address, now=None):
-        """Count a new session from ``address``; False when it is over the limit (not counted).
-        An IPv6 address counts as its /64: one client usually holds a whole /64 to rotate in."""
-        limit = get_config()["CONNECTS_PER_MINUTE"]
-        if limit is None or address is None:
-            return True
-        if ":" in address:
-            address = str(ipaddress.ip_network(f"{address}/64", strict=False))
-        now = time.monotonic() if now is None else now
-        if now >= self._next_sweep:
-            self._sweep(now)
-        times = self._times.setdefault(address, collections.deque())
-        while times and times[0] <= now - self.WINDOW:
-            times.popleft()
-        if len(times) >= limit:
-            return False
-        times.append(now)
-        return True
-
-    def _sweep(self, now):
-        self._times = {a: t for a, t in self._times.items() if t and t[-1] > now - self.WINDOW}
-        self._next_sweep = now + self.WINDOW
 
 
 def origin_allowed(scope):

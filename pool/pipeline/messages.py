@@ -94,6 +94,14 @@ class ClearInput(UnitInput):
 
 
 @dataclass
+class CatchUpInput(UnitInput):
+    """Asks the VAD stage to say when it has heard the first ``appends`` AppendInputs of the
+    session: answered by InputCaughtUp once every append queued before this one is through."""
+
+    appends: int
+
+
+@dataclass
 class PeekInput(UnitInput):
     """Transcribe the speech of ``item_id`` so far once it holds ``after_ms`` of voiced speech
     (the protocol asks, to tell a backchannel from an interruption), with ``prompt`` as the
@@ -237,6 +245,13 @@ class InputCommitted(UnitEvent):
 @dataclass
 class InputCleared(UnitEvent):
     event_id: str | None = None
+
+
+@dataclass
+class InputCaughtUp(UnitEvent):
+    """The VAD stage has heard the session's first ``appends`` appends (CatchUpInput)."""
+
+    appends: int
 
 
 @dataclass

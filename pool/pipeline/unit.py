@@ -32,11 +32,35 @@ TTS_INBOX = 256
 _STOP = object()  # ends a stage thread (shutdown or restart)
 
 
+class Inbox(queue.Queue):
+    """A stage's bounded queue (``maxsize`` messages) that tells waiters when, full, it has
+    room again."""
+
+    def __init__(self, maxsize):
+        super().__init__(maxsize)
+        self._room_waiters = []
+
+    def when_room(self, callback):
+        """See ``PipelineUnit.when_input_room``."""
+        with self.mutex:
+            if self._qsize() < self.maxsize:
+                return False
+            self._room_waiters.append(callback)
+            return True
+
+    def _get(self):  # under self.mutex (queue.Queue): one message out is room for one in
+        item = super()._get()
+        waiters, self._room_waiters = self._room_waiters, []
+        for callback in waiters:
+            callback()
+        return item
+
+
 class _Chain:
     """One generation of stage threads and their queues. ``restart`` replaces the whole chain."""
 
     def __init__(self, unit, backends):
-        self.inboxes = {name: queue.Queue(size) for name, size in
+        self.inboxes = {name: Inbox(size) for name, size in
                         (("vad", VAD_INBOX), ("stt", STT_INBOX), ("llm", LLM_INBOX), ("tts", TTS_INBOX))}
         self.stages = [
             VADStage(backends, self.inboxes["stt"]),
@@ -120,13 +144,11 @@ class PipelineUnit:
             return False
         return True
 
-    def input_pending(self):
-        """True while client audio sent to this unit has not been through the VAD yet."""
-        return self._chain.inboxes["vad"].qsize() > 0 or self._chain.stages[0].busy
-
-    def input_full(self):
-        """True while the VAD inbox cannot take another message."""
-        return self._chain.inboxes["vad"].full()
+    def when_input_room(self, callback):
+        """Back-pressure without polling: when the VAD inbox is full, ``callback()`` is called
+        once (from the VAD thread; it must not block) when it has room, and True returned;
+        False, and no call, when it has room now."""
+        return self._chain.inboxes["vad"].when_room(callback)
 
     def end_session(self):
         """Close the session's context and send SESSION_END down the chain (never blocks).

@@ -11,6 +11,7 @@ client's item events in ``realtime.session.conversation_events``), a response's 
 when a reply starts in ``realtime.session.turns``. A response ends in one place, ``_end_response``.
 """
 
+import asyncio
 import copy
 import functools
 import json
@@ -87,6 +88,8 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         self.history = SessionHistory(session_id, recorder or NoRecords(), defaults.get("history_max_items", 2000))
         self._recording = recording
         self._input_format = None
+        # Appends submitted to the VAD, heard by it, and covered by a CatchUpInput (input_pending).
+        self._appends_sent = self._appends_heard = self._catch_up_asked = 0
         self._configure_input()
 
     @property
@@ -103,9 +106,9 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         self.stats["errors"] += 1
         self.stats["last_error"] = f"{error.code}: {error.message}"[:500]
         metrics.ERRORS.labels(metrics.PROCESS, error.code).inc()
-        event_id, body = new_id("event"), error.to_error()
-        self.history.error(event_id, body)
-        self._send_raw({"type": "error", "event_id": event_id, "error": body})
+        event = error.to_event()
+        self.history.error(event["event_id"], event["error"])
+        self._send_raw(event)
 
     def start(self, initial=None):
         """The first server event of every session. ``initial``: a ``session.update`` body the
@@ -131,8 +134,17 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         self.stats.update(self.history.close())
 
     def input_pending(self):
-        """True while audio the client sent has not been through the VAD yet."""
-        return getattr(self._port, "input_pending", bool)()
+        """True while audio the client sent has not been through the VAD yet. The VAD is then
+        asked to say when it has (``InputCaughtUp``), and turn-taking decides again."""
+        if self._appends_heard >= self._appends_sent:
+            return False
+        if self._catch_up_asked < self._appends_sent:
+            if self._port.submit(m.CatchUpInput(self._appends_sent)):
+                self._catch_up_asked = self._appends_sent
+            else:  # the VAD inbox is full: ask again when it has room
+                loop = asyncio.get_running_loop()
+                self._port.when_input_room(lambda: loop.call_soon_threadsafe(self.turns.maybe_respond))
+        return True
 
     def submit(self, msg):
         """Queue work on the unit. Raises ProtocolError ``server_busy`` when it cannot take it."""
@@ -173,6 +185,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
     def _on_input_audio_buffer_append(self, event):
         audio = event["audio"]
         self.submit(m.AppendInput(audio, event.get("event_id")))
+        self._appends_sent += 1
         self.stats["audio_in_seconds"] += len(audio) * 3 / 4 / bytes_per_second(self._input_format)
 
     def _on_input_audio_buffer_commit(self, event):
@@ -302,6 +315,10 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         self._insert_item(item)
         self.history.committed(item)
         self.turns.committed(event.item_id)
+
+    def _on_input_caught_up(self, event):
+        self._appends_heard = max(self._appends_heard, event.appends)
+        self.turns.maybe_respond()
 
     def _on_input_cleared(self, event):
         self.turns.input_reset()

@@ -35,7 +35,6 @@ from realtime.session_config import effective_silence_ms
 
 log = logging.getLogger(__name__)
 
-INPUT_POLL_SECONDS = 0.01  # how often a reply waiting for the VAD to catch up looks again
 PEEK_LIMIT_MS = 3000  # longer speech is judged by its whole transcript
 # Words after which an English sentence is not finished (semantic_vad holds the reply).
 UNFINISHED_WORDS = frozenset(
@@ -266,6 +265,8 @@ class TurnTaking:
     def maybe_respond(self):
         """Start a reply now, or leave it for later (queued), or drop it (nothing to answer)."""
         self._cancel_timer()
+        if self._s is None:
+            return  # the session has ended
         config = self._s.config
         td = config["audio"]["input"]["turn_detection"]
         if not (td and td.get("create_response") and config["type"] == "realtime"):
@@ -274,8 +275,7 @@ class TurnTaking:
         if self._s.response is not None or self.speaking or self.undecided or self.untranscribed:
             return  # decided again when the reply ends, the speech ends or the transcript is in
         if self._s.input_pending():  # audio sent but not yet heard may hold more of the turn
-            self._timer = asyncio.get_running_loop().call_later(INPUT_POLL_SECONDS, self.maybe_respond)
-            return
+            return  # decided again when the VAD has caught up (InputCaughtUp)
         said = [item_id for item_id in self.unanswered if self._s.conversation.transcript(item_id)]
         if not said:
             self.unanswered = []  # silence or noise transcribed as nothing: no reply

@@ -191,7 +191,7 @@ class Command(BaseCommand):
         """A second signal: close every session (1001) without waiting for anything, then stop.
         Consumers left open when the loop stops would be torn down by the garbage collector at
         exit, on half-finalised modules."""
-        from realtime.consumers import close_all
+        from realtime.session.lifecycle import close_all
 
         registry.accepting = False
         try:
@@ -205,7 +205,7 @@ class Command(BaseCommand):
         """SIGTERM (as container platforms send it, then wait): the process drains; live
         sessions may end by themselves for ``grace`` seconds (SHUTDOWN_GRACE_SECONDS), then the
         rest are closed with 1001 and given SHUTDOWN_DRAIN_SECONDS to drain; then it stops."""
-        from realtime.consumers import close_all
+        from realtime.session.lifecycle import close_all
 
         deadline = time.monotonic() + grace
         while not registry.close_if_settled():  # stops accepting once nothing is live

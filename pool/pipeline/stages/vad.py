@@ -70,7 +70,6 @@ class VADStage(Stage):
         self._stream = backends.vad.new_stream()
         self._turn = backends.turn
         self._stt_inbox = stt_inbox
-        self.busy = False
         self.end_session()
 
     def end_session(self):
@@ -88,11 +87,9 @@ class VADStage(Stage):
             if msg.turn_detection is None:
                 state.speech = None  # switching to manual turns keeps the buffered audio
         elif isinstance(msg, m.AppendInput):
-            self.busy = True  # read by the protocol: a reply waits until all input is heard
-            try:
-                self._append(ctx, msg)
-            finally:
-                self.busy = False
+            self._append(ctx, msg)
+        elif isinstance(msg, m.CatchUpInput):  # the inbox is FIFO: every earlier append is heard
+            ctx.emit(m.InputCaughtUp(msg.appends))
         elif isinstance(msg, m.CommitInput):
             self._commit(ctx, msg.event_id, state.speech.item_id if state.speech else new_id("item"))
         elif isinstance(msg, m.PeekInput):
