@@ -13,6 +13,7 @@ from django.test import AsyncClient
 from django.utils import timezone
 
 from pool.conf import get_config
+from pool.history import rows
 from pool.models import APIKey, ClientSecret, ServerProcess, Unit
 from pool.process import build_registry
 from pool.states import ProcessState, UnitState
@@ -217,8 +218,8 @@ async def test_a_late_write_of_an_older_unit_state_never_overwrites_a_newer_one(
     row = (await units(pool))[unit.index]
     assert (row.state, row.state_seq) == (UnitState.DRAINING, unit.state_seq)
     # The recorder writes the claim (seq 1) again, as a batch cut off by an outage would be.
-    await sync_to_async(records._unit_changed)(unit.index, UnitState.IDLE, UnitState.ACTIVE, "sess_1",
-                                               timezone.now(), 1)
+    await sync_to_async(rows.unit_changed)(records.process_id, unit.index, UnitState.IDLE, UnitState.ACTIVE,
+                                           "sess_1", timezone.now(), 1)
     assert (await units(pool))[unit.index].state == UnitState.DRAINING
 
 

@@ -1,30 +1,28 @@
 """The recorder: one thread per process that writes pool and session rows.
 
-Callers (the consumer on the event loop, the registry from stage threads) only put a small
-message on a queue and never wait for the database. The thread writes what has queued up in one
-transaction, and keeps it queued through a database outage until the database is back. The
-queue carries a handful of lifecycle messages per session (start, end, each unit state change)
-and its history (one record per item and per response, at most HISTORY_MAX_ITEMS), never audio,
-and it is capped at MAX_PENDING. The thread also heart-beats the process row and closes, as ``lost``,
-the open sessions of processes whose heartbeat stopped (a crash, a kill -9, a lost host).
+Callers (the session lifecycle on the event loop, the registry from stage threads) only put a
+small message on a queue and never wait for the database. The thread writes what has queued up
+in one transaction, and keeps it queued through a database outage until the database is back.
+The queue carries a handful of lifecycle messages per session (start, end, each unit state
+change) and its history (one record per item and per response, at most HISTORY_MAX_ITEMS), never
+audio, and it is capped at MAX_PENDING. Between batches the thread beats the process's heartbeat.
+
+What is written is elsewhere: the rows of sessions, units and history in ``rows``, the process's
+own row and lost processes in ``processes``.
 """
 
 import logging
-import os
 import queue
-import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
-from datetime import timedelta
+from dataclasses import asdict
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from pool.history import processes, rows
+from pool.history.rows import ItemRecord
 from pool.history.storable import storable_row
-from pool.states import LIVE_PROCESS_STATES, EndReason, ProcessState, SessionState, UnitState
 
 log = logging.getLogger(__name__)
 
@@ -32,40 +30,6 @@ _STOP = object()
 BATCH = 200  # messages written per transaction
 RETRY_MAX_SECONDS = 5.0  # the longest pause between attempts while the database is unavailable
 MAX_PENDING = 20_000  # messages kept while the database is down (a session makes about six)
-
-
-@dataclass(frozen=True)
-class ItemRecord:
-    """A conversation item of a session, as it ended (``pool.models.ConversationItem``'s fields)."""
-
-    item_id: str
-    kind: str
-    role: str
-    status: str
-    text: str
-    at_ms: int
-    data: dict
-    audio_start_ms: int | None = None
-    audio_end_ms: int | None = None
-    audio_ms: int | None = None
-    interrupted: bool = False
-    voice: str = ""
-    language: str = ""
-    response_id: str = ""
-
-
-@dataclass(frozen=True)
-class ResponseRecord:
-    """A response of a session, as it ended; ``timings``: a ``pool.pipeline.timings.TurnTimings`` for
-    a voice turn, else None (``pool.models.SessionResponse``'s fields)."""
-
-    response_id: str
-    status: str
-    reason: str
-    at_ms: int
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    timings: object = None
 
 
 class _Flush:
@@ -114,14 +78,15 @@ class Records(NoRecords):
         self._queue = queue.Queue()
         self.outage_since = None  # monotonic time of the first refused write of an outage
         self.dropped = 0  # messages dropped past MAX_PENDING
-        self._units, self._lags = (), {}  # the pool's units; their input lag as last written
+        self._heartbeat = None  # a processes.Heartbeat, once started
+        self.on_draining = None  # called (on the recorder thread) when the process row says "draining"
         self._thread = threading.Thread(target=self._run, daemon=True, name="pool-records")
 
     # --- called from anywhere, never blocking -----------------------------------------------
 
     def session_started(self, session_id, unit_index, api_key_id=None, client_address=None):
-        self._put((self._session_started, (session_id, unit_index, api_key_id, client_address,
-                                                 timezone.now())))
+        self._put((rows.session_started, (self.process_id, session_id, unit_index, api_key_id, client_address,
+                                          timezone.now())))
 
     def session_ended(self, session_id, reason, close_code, counts):
         """The session's end (``counts``: the row's counters and ``last_error``). The end is its
@@ -130,12 +95,13 @@ class Records(NoRecords):
 
         counts = dict(counts)
         last_error = counts.pop("last_error", "")
-        self._put((self._session_ended, (session_id, reason, close_code, counts, timezone.now())))
+        self._put((rows.session_ended, (session_id, reason, close_code, counts, timezone.now(), self.release_after)))
         if last_error:
-            self._put((self._update_session, (session_id, storable_row(Session, {"last_error": last_error}))))
+            self._put((rows.update_session, (session_id, storable_row(Session, {"last_error": last_error}))))
 
     def unit_changed(self, unit, old, new, session_id):
-        self._put((self._unit_changed, (unit.index, old, new, session_id, timezone.now(), unit.state_seq)))
+        self._put((rows.unit_changed, (self.process_id, unit.index, old, new, session_id, timezone.now(),
+                                       unit.state_seq)))
 
     def history(self, session_id, record):
         """Keep an ``ItemRecord`` or ``ResponseRecord`` of a session, made storable now."""
@@ -143,37 +109,28 @@ class Records(NoRecords):
 
         fields = {"session_id": session_id, **asdict(record)}
         if isinstance(record, ItemRecord):
-            self._put((self._history, (ConversationItem, storable_row(ConversationItem, fields))))
+            self._put((rows.history, (ConversationItem, storable_row(ConversationItem, fields))))
         else:
             fields.update(fields.pop("timings") or {})
-            self._put((self._history, (SessionResponse, storable_row(SessionResponse, fields))))
+            self._put((rows.history, (SessionResponse, storable_row(SessionResponse, fields))))
 
     def recording_saved(self, session_id, names):
         """A session's recording is stored: ``names`` maps "user"/"assistant" to storage names."""
-        self._put((self._update_session, (session_id, {f"{side}_audio": name for side, name in names.items()})))
+        self._put((rows.update_session, (session_id, {f"{side}_audio": name for side, name in names.items()})))
 
     def process_draining(self):
         """This process drains: its row says so (the cluster gives it no new reservations)."""
-        self._put((self._set_draining, ()))
+        self._put((processes.set_draining, (self.process_id,)))
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self, units, public_url=""):
         """Register this process (reached by clients at ``public_url``, "" if unknown) and its
         units, synchronously: called before serving."""
-        from pool.models import ServerProcess, Unit
-
-        now = timezone.now()
-        self._mark_lost()
-        process = ServerProcess.objects.create(host=socket.gethostname(), pid=os.getpid(), public_url=public_url,
-                                               pool_size=len(units), heartbeat_at=now)
-        process.control_channel = self.control_channel = f"pool-control.{process.pk}"
-        process.save(update_fields=["control_channel"])
-        Unit.objects.bulk_create([Unit(process=process, index=u.index, state=u.state, state_since=now)
-                                  for u in units])
-        self.process_id = process.pk
-        self._units = units
-        self._beat_written, self._longest_gap = now, 0.0
+        process = processes.register(units, public_url, self.lost_after_seconds)
+        self.process_id, self.control_channel = process.pk, process.control_channel
+        self._heartbeat = processes.Heartbeat(process.pk, units, self.heartbeat_seconds, self.lost_after_seconds)
+        self._heartbeat.on_draining = lambda: self.on_draining and self.on_draining()
         connection.close()  # the recorder thread keeps its own connection from here on
         self._thread.start()
 
@@ -205,7 +162,7 @@ class Records(NoRecords):
             batch = self._next_batch()
             stopping = _STOP in batch
             if time.monotonic() - last_beat >= self.heartbeat_seconds or stopping:
-                batch.append((self._stopped if stopping else self._heartbeat, ()))
+                batch.append((processes.stopped, (self.process_id,)) if stopping else (self._heartbeat.beat, ()))
                 last_beat = time.monotonic()
             self._commit([item for item in batch if isinstance(item, tuple)])
             for item in batch:
@@ -264,116 +221,3 @@ class Records(NoRecords):
                             "%d dropped", time.monotonic() - self.outage_since, len(writes), self.dropped)
                 self.outage_since, self.dropped = None, 0
             return
-
-    # --- on the recorder thread ----------------------------------------------------------------
-
-    def _session_started(self, session_id, unit_index, api_key_id, client_address, now):
-        from pool.models import Session
-
-        # get_or_create: a batch whose commit was cut off by an outage may be written again.
-        Session.objects.get_or_create(session_id=session_id, defaults=dict(
-            process_id=self.process_id, unit_index=unit_index, created_at=now, api_key_id=api_key_id,
-            client_address=client_address))
-
-    def _session_ended(self, session_id, reason, close_code, counts, now):
-        from pool.models import Session
-
-        Session.objects.filter(session_id=session_id).update(
-            ended_at=now, end_reason=reason, close_code=close_code,
-            release_after=now + timedelta(seconds=self.release_after), **counts)
-
-    def _history(self, model, fields):
-        # ignore_conflicts: a batch whose commit was cut off by an outage may be written again.
-        model.objects.bulk_create([model(**fields)], ignore_conflicts=True)
-
-    def _update_session(self, session_id, fields):
-        from pool.models import Session
-
-        Session.objects.filter(session_id=session_id).update(**fields)
-
-    def _unit_changed(self, index, old, new, session_id, now, seq):
-        from pool.models import Session, Unit
-
-        # Only a newer change: a claim writes its row at once (pool.access.admission), ahead of this queue.
-        Unit.objects.filter(process_id=self.process_id, index=index, state_seq__lt=seq).update(
-            state=new, session_id=session_id if new != UnitState.IDLE else "", state_since=now, state_seq=seq)
-        sessions = Session.objects.filter(session_id=session_id)
-        if new == UnitState.DRAINING:
-            sessions.update(state=SessionState.DRAINING)
-        elif old == UnitState.DRAINING and new == UnitState.IDLE:
-            sessions.update(state=SessionState.ENDED, drained_at=now)
-        elif new == UnitState.QUARANTINED:
-            sessions.update(state=SessionState.QUARANTINED, quarantined_at=now)
-        elif old == UnitState.QUARANTINED and new == UnitState.IDLE:
-            sessions.update(state=SessionState.RELEASED)
-
-    def _heartbeat(self):
-        from pool.models import ServerProcess
-
-        now = timezone.now()
-        gap = (now - self._beat_written).total_seconds()
-        fields = {"heartbeat_at": now}
-        if gap > max(self._longest_gap, 2 * self.heartbeat_seconds):  # late, and the latest yet
-            fields["longest_heartbeat_gap"] = round(gap, 1)
-        ServerProcess.objects.filter(pk=self.process_id).update(**fields)
-        state = ServerProcess.objects.filter(pk=self.process_id).values_list("state", flat=True).first()
-        if state == ProcessState.DRAINING and self.on_draining is not None:
-            transaction.on_commit(self.on_draining)  # drained by an operator (pool.control)
-        self._write_input_lags()
-        transaction.on_commit(lambda: self._beat_written_at(now, gap))
-        self._mark_lost()
-
-    def _write_input_lags(self):
-        """Each unit's input lag (for the pool overview), where it changed since last written."""
-        from pool.models import Unit
-
-        changed = {unit.index: round(unit.input_lag_max * 1000, 1) for unit in self._units}
-        changed = {index: lag for index, lag in changed.items() if self._lags.get(index) != lag}
-        for index, lag in changed.items():
-            Unit.objects.filter(process_id=self.process_id, index=index).update(input_lag_max_ms=lag)
-        transaction.on_commit(lambda: self._lags.update(changed))
-
-    def _beat_written_at(self, now, gap):
-        self._beat_written = now
-        self._longest_gap = max(self._longest_gap, gap)
-
-    def _set_draining(self):
-        from pool.models import ServerProcess
-
-        ServerProcess.objects.filter(pk=self.process_id, state=ProcessState.RUNNING).update(
-            state=ProcessState.DRAINING)
-
-    def _stopped(self):
-        from pool.models import ServerProcess, Session
-
-        now = timezone.now()
-        with transaction.atomic():
-            Session.objects.filter(process_id=self.process_id, ended_at__isnull=True).update(
-                ended_at=now, end_reason=EndReason.SHUTDOWN, state=SessionState.ENDED)
-            Session.objects.filter(process_id=self.process_id, state=SessionState.DRAINING).update(
-                state=SessionState.ENDED)
-            ServerProcess.objects.filter(pk=self.process_id).update(
-                state=ProcessState.STOPPED, stopped_at=now, heartbeat_at=now)
-
-    def _mark_lost(self):
-        """Processes silent for ``lost_after_seconds``: lost, and their open sessions too. A lost
-        session ended at its process's last sign of life (its last heartbeat), not when that
-        silence was noticed."""
-        from pool.models import ServerProcess, Session
-
-        now = timezone.now()
-        silent = ServerProcess.objects.filter(
-            state__in=LIVE_PROCESS_STATES, heartbeat_at__lt=now - timedelta(seconds=self.lost_after_seconds))
-        if self.process_id:
-            silent = silent.exclude(pk=self.process_id)
-        lost = dict(silent.values_list("pk", "heartbeat_at"))
-        if not lost:
-            return
-        with transaction.atomic():
-            for process_id, last_beat in lost.items():
-                Session.objects.filter(process_id=process_id, ended_at__isnull=True).update(
-                    ended_at=Greatest(F("created_at"), Value(last_beat)), end_reason=EndReason.LOST)
-                ServerProcess.objects.filter(pk=process_id).update(state=ProcessState.LOST, stopped_at=last_beat)
-            Session.objects.filter(process_id__in=lost, state__in=[SessionState.ACTIVE, SessionState.DRAINING]).update(
-                state=SessionState.LOST)
-        log.warning("pool records: processes %s stopped heart-beating; their sessions are lost", list(lost))

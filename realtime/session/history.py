@@ -2,7 +2,7 @@
 
 The session tells ``SessionHistory`` when an item is final (a user turn once transcribed, a reply
 once it has stopped, a client's item at once), when it sent an error and how each response
-ended. Each becomes one record (``pool.history.recorder.ItemRecord`` / ``ResponseRecord``) on the
+ended. Each becomes one record (``pool.history.rows.ItemRecord`` / ``ResponseRecord``) on the
 recorder's queue, made storable there (``pool.history.storable``): written by the recorder thread in
 batches, never per audio frame, and never waited for. At most ``max_items`` records are kept per
 session; past that they are counted.
@@ -11,7 +11,7 @@ session; past that they are counted.
 import statistics
 import time
 
-from pool.history.recorder import ItemRecord, ResponseRecord
+from pool.history.rows import ItemRecord, ResponseRecord
 from realtime.session.conversation import public
 
 
