@@ -113,9 +113,7 @@ def _issue(request, api_key, user):
         if not isinstance(update, dict):
             raise ProtocolError("invalid_type", "'session' must be an object.", param="session")
         registry = get_registry()
-        defaults = sc.session_defaults(config, registry.speaks)
-        session = sc.apply_update(sc.default_session("", defaults["model"], defaults["instructions"],
-                                                     defaults["voice"], defaults["turn_detection"]), update)
+        session = sc.apply_update(sc.session_defaults(config, registry.speaks).session(""), update)
         if session["type"] != "realtime":
             raise ProtocolError("invalid_value", "Only realtime sessions are served here.", param="session.type")
         sc.check_languages(session, registry.speaks)

@@ -11,6 +11,7 @@ Unknown-field policy: a field that OpenAI's GA session does not have is refused 
 """
 
 import copy
+from dataclasses import dataclass
 
 from pool.backends.voices import voice_language
 from pool.pipeline.messages import TurnDetection
@@ -98,23 +99,52 @@ def default_session(session_id, model, instructions, voice, turn_detection="serv
     }
 
 
+@dataclass(frozen=True)
+class SessionDefaults:
+    """What a new session starts from, every field required: the values live in one place, the
+    ``S2S`` settings (``pool.conf.DEFAULTS``), and ``session_defaults`` reads them.
+
+    ``speaks``: ``PoolRegistry.speaks`` (the loaded models' languages and voices);
+    ``max_output_tokens``: the cap of every response; ``context_chars``: the LLM context budget
+    (characters); ``turn_detection``: "server_vad" or "semantic_vad"; the rest as the settings of
+    the same names (INTERRUPT_MIN_SPEECH_MS, BACKCHANNEL_*, HISTORY_MAX_ITEMS).
+    """
+
+    model: str
+    instructions: str
+    voice: str
+    speaks: dict
+    max_output_tokens: int
+    context_chars: int
+    turn_detection: str
+    interrupt_min_speech_ms: int
+    backchannel_words: tuple
+    backchannel_prompt: str | None
+    backchannel_words_by_language: dict
+    history_max_items: int
+
+    def session(self, session_id):
+        """A new session's configuration (``default_session``)."""
+        return default_session(session_id, self.model, self.instructions, self.voice, self.turn_detection)
+
+
 def session_defaults(config, speaks, model="s2s-default"):
-    """What a new session starts from: ``RealtimeSession``'s ``defaults``, from the ``S2S``
-    settings (``pool.conf``) and ``speaks`` (``PoolRegistry.speaks``: the models' languages)."""
-    return {
-        "model": model,
-        "instructions": config["DEFAULT_INSTRUCTIONS"],
-        "voice": config["DEFAULT_VOICE"],
-        "speaks": speaks,
-        "max_output_tokens": config["LLM_MAX_OUTPUT_TOKENS"],
-        "context_chars": config["LLM_CONTEXT_CHARS"],
-        "turn_detection": config["DEFAULT_TURN_DETECTION"],
-        "interrupt_min_speech_ms": config["INTERRUPT_MIN_SPEECH_MS"],
-        "backchannel_words": config["BACKCHANNEL_WORDS"],
-        "backchannel_prompt": config["BACKCHANNEL_PROMPT"],
-        "backchannel_words_by_language": config["BACKCHANNEL_WORDS_BY_LANGUAGE"],
-        "history_max_items": config["HISTORY_MAX_ITEMS"],
-    }
+    """The ``SessionDefaults`` of the ``S2S`` settings ``config`` (``pool.conf.get_config()``)
+    and ``speaks`` (``PoolRegistry.speaks``)."""
+    return SessionDefaults(
+        model=model,
+        instructions=config["DEFAULT_INSTRUCTIONS"],
+        voice=config["DEFAULT_VOICE"],
+        speaks=speaks,
+        max_output_tokens=config["LLM_MAX_OUTPUT_TOKENS"],
+        context_chars=config["LLM_CONTEXT_CHARS"],
+        turn_detection=config["DEFAULT_TURN_DETECTION"],
+        interrupt_min_speech_ms=config["INTERRUPT_MIN_SPEECH_MS"],
+        backchannel_words=tuple(config["BACKCHANNEL_WORDS"]),
+        backchannel_prompt=config["BACKCHANNEL_PROMPT"],
+        backchannel_words_by_language=config["BACKCHANNEL_WORDS_BY_LANGUAGE"],
+        history_max_items=config["HISTORY_MAX_ITEMS"],
+    )
 
 
 def check_languages(config, speaks):

@@ -13,12 +13,14 @@ from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter
 
 from pool.backends.scripted import SCRIPT
+from pool.conf import get_config
 from pool.testing import wait_until
 from realtime.errors import ProtocolError
 from realtime.events import CLIENT_EVENT_TYPES, parse_client_frame
 from realtime.schema import check_item
 from realtime.session import RealtimeSession
 from realtime.session.conversation import public
+from realtime.session_config import session_defaults
 
 pytestmark = pytest.mark.usefixtures("scripted_pool")
 
@@ -201,8 +203,8 @@ SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
 def test_fuzzed_client_events_never_escape_and_every_reply_is_a_server_event(events):
     sent = []
     session = RealtimeSession("sess_fuzz", RecordingPort(), sent.append,
-                              {"model": "m", "instructions": "i", "voice": "alloy", "max_output_tokens": 50,
-                               "speaks": {"transcription_languages": ["en"], "voice_languages": ["en"]}})
+                              session_defaults(get_config(), {"transcription_languages": ["en"],
+                                                              "voice_languages": ["en"]}, "m"))
     session.start()
     for event in events:
         try:

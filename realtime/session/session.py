@@ -57,10 +57,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
     """One client's session on one unit.
 
     ``port``: the unit, with ``submit(msg) -> bool``; ``send(event_dict)``: queues a server event;
-    ``defaults``: ``{"model", "instructions", "voice", "max_output_tokens"}`` of new sessions, and
-    optionally ``"context_chars"`` (the LLM context budget, characters), ``"turn_detection"``
-    ("server_vad" or "semantic_vad"), ``"interrupt_min_speech_ms"``, ``"backchannel_words"``,
-    ``"backchannel_prompt"`` and ``"history_max_items"`` (see ``pool.conf``); ``recorder``: where
+    ``defaults``: a ``realtime.session_config.SessionDefaults``; ``recorder``: where
     its history goes (``pool.history.recorder.Records``; the default keeps nothing); ``recording``: a
     ``pool.history.recordings.SessionRecording`` that gets the assistant audio sent, or None.
     """
@@ -69,15 +66,13 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         self.id = session_id
         self._port = port
         self._send_raw = send
-        self._max_tokens_cap = defaults["max_output_tokens"]
-        self._context_chars = defaults.get("context_chars", 8000)
-        self._speaks = defaults["speaks"]  # PoolRegistry.speaks: the models' languages
-        self.config = sc.default_session(session_id, defaults["model"], defaults["instructions"],
-                                         defaults["voice"], defaults.get("turn_detection", "server_vad"))
+        self._max_tokens_cap = defaults.max_output_tokens
+        self._context_chars = defaults.context_chars
+        self._speaks = defaults.speaks  # PoolRegistry.speaks: the models' languages
+        self.config = defaults.session(session_id)
         self.conversation = conv.Conversation()
-        self.turns = TurnTaking(self, defaults.get("interrupt_min_speech_ms", 0),
-                                defaults.get("backchannel_words", ()), defaults.get("backchannel_prompt"),
-                                defaults.get("backchannel_words_by_language"))
+        self.turns = TurnTaking(self, defaults.interrupt_min_speech_ms, defaults.backchannel_words,
+                                defaults.backchannel_prompt, defaults.backchannel_words_by_language)
         self._turn_language = None  # of the latest user turn: the next reply's language
         self.response = None  # the active Response
         # The session row's counters (pool.models.Session), reported when the session ends.
@@ -85,7 +80,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
                       "errors": 0, "stage_failures": 0, "audio_in_seconds": 0.0, "audio_out_seconds": 0.0,
                       "last_error": ""}
         self._turn_marks = Marks()  # of the latest voice turn (pool.pipeline.timings)
-        self.history = SessionHistory(session_id, recorder or NoRecords(), defaults.get("history_max_items", 2000))
+        self.history = SessionHistory(session_id, recorder or NoRecords(), defaults.history_max_items)
         self._recording = recording
         self._input_format = None
         # Appends submitted to the VAD, heard by it, and covered by a CatchUpInput (input_pending).
