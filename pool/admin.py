@@ -198,16 +198,13 @@ class ConversationItemInline(HistoryInline):
         return "" if item.audio_ms is None else seconds(item.audio_ms / 1000)
 
 
-class SessionResponseInline(HistoryInline):
-    """Each response: how it ended and its turn's latency, in seconds from the end of speech."""
-
-    model = SessionResponse
-    verbose_name_plural = "responses and turn latency (seconds after the end of the user's speech)"
-    fields = ["at", "status", "reason", *(
-        f"{name}_display" for name in ("transcribed", "response_created", "llm_first_text", "llm_first_phrase",
-                                       "tts_first_audio", "first_audio_sent", "stt_compute", "llm_compute",
-                                       "tts_first_compute"))]
-    readonly_fields = fields
+# The TurnTimings fields (pool.pipeline.timings) shown per response, with their column labels.
+TIMING_COLUMNS = (
+    ("transcribed", "transcript"), ("response_created", "response created"),
+    ("llm_first_text", "LLM first text"), ("llm_first_phrase", "LLM first phrase"),
+    ("tts_first_audio", "TTS first audio"), ("first_audio_sent", "first audio sent"),
+    ("stt_compute", "STT compute"), ("llm_compute", "LLM compute (first phrase)"),
+    ("tts_first_compute", "TTS compute (first phrase)"))
 
 
 def _timing_column(name, label):
@@ -218,11 +215,16 @@ def _timing_column(name, label):
     return column
 
 
-for _name, _label in (("transcribed", "transcript"), ("response_created", "response created"),
-                      ("llm_first_text", "LLM first text"), ("llm_first_phrase", "LLM first phrase"),
-                      ("tts_first_audio", "TTS first audio"), ("first_audio_sent", "first audio sent"),
-                      ("stt_compute", "STT compute"), ("llm_compute", "LLM compute (first phrase)"),
-                      ("tts_first_compute", "TTS compute (first phrase)")):
+class SessionResponseInline(HistoryInline):
+    """Each response: how it ended and its turn's latency, in seconds from the end of speech."""
+
+    model = SessionResponse
+    verbose_name_plural = "responses and turn latency (seconds after the end of the user's speech)"
+    fields = ["at", "status", "reason", *(f"{name}_display" for name, _label in TIMING_COLUMNS)]
+    readonly_fields = fields
+
+
+for _name, _label in TIMING_COLUMNS:
     setattr(SessionResponseInline, f"{_name}_display", _timing_column(_name, _label))
 
 

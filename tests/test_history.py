@@ -270,3 +270,18 @@ def test_staff_without_the_view_permission_see_no_session_page_and_no_export():
     assert browser.login(username="unit_watcher", password="pw")
     for url in (f"/admin/pool/session/{row.pk}/change/", f"/admin/pool/session/{row.pk}/export/"):
         assert browser.get(url).status_code == 403, url
+
+
+def test_every_turn_timing_has_its_column_and_the_admin_names_only_real_timings():
+    """``TurnTimings`` is the one record of turn latency: each of its fields is a column of
+    ``SessionResponse`` of the matching type, and the admin shows only fields it has."""
+    from django.db import models
+
+    from pool.admin import TIMING_COLUMNS
+
+    columns = {f.name: f for f in SessionResponse._meta.get_fields()}
+    for name in FIELDS:
+        kind = models.BooleanField if name == "stt_speculative" else models.FloatField
+        assert isinstance(columns.get(name), kind), name
+        assert columns[name].null, name  # None: never reached
+    assert {f"{name}_ms" for name, _label in TIMING_COLUMNS} <= set(FIELDS)
