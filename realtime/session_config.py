@@ -43,8 +43,6 @@ SEMANTIC_VAD_DEFAULTS = {
 END_OF_TURN_CHECK_MS = 200
 EAGERNESS_SILENCE_MS = {"low": 8000, "medium": 4000, "auto": 4000, "high": 2000}
 
-DEFAULT_TRANSCRIPTION = {"model": "whisper-tiny.en", "language": None, "prompt": None}
-
 # Fields of the GA session object (dotted paths of dicts whose keys are fixed).
 _KNOWN_KEYS = {
     "session": {
@@ -65,9 +63,10 @@ _BETA_FORMATS = {
 }
 
 
-def default_session(session_id, model, instructions, voice, turn_detection="server_vad"):
+def default_session(session_id, model, instructions, voice, turn_detection="server_vad", transcription_model="whisper"):
     """A new session's configuration (GA ``session`` object shape). ``turn_detection``:
-    "server_vad" or "semantic_vad" (the setting DEFAULT_TURN_DETECTION)."""
+    "server_vad" or "semantic_vad" (the setting DEFAULT_TURN_DETECTION); ``transcription_model``:
+    the name of the STT model loaded (``PoolRegistry.speaks``)."""
     td = SEMANTIC_VAD_DEFAULTS if turn_detection == "semantic_vad" else SERVER_VAD_DEFAULTS
     return {
         "type": "realtime",
@@ -86,7 +85,7 @@ def default_session(session_id, model, instructions, voice, turn_detection="serv
         "audio": {
             "input": {
                 "format": {"type": "audio/pcm", "rate": PCM_RATE},
-                "transcription": dict(DEFAULT_TRANSCRIPTION),
+                "transcription": {"model": transcription_model, "language": None, "prompt": None},
                 "noise_reduction": None,
                 "turn_detection": dict(td),
             },
@@ -104,7 +103,7 @@ class SessionDefaults:
     """What a new session starts from, every field required: the values live in one place, the
     ``S2S`` settings (``pool.conf.DEFAULTS``), and ``session_defaults`` reads them.
 
-    ``speaks``: ``PoolRegistry.speaks`` (the loaded models' languages and voices);
+    ``speaks``: ``PoolRegistry.speaks`` (the loaded models' languages, voices and STT name);
     ``max_output_tokens``: the cap of every response; ``context_chars``: the LLM context budget
     (characters); ``turn_detection``: "server_vad" or "semantic_vad"; the rest as the settings of
     the same names (INTERRUPT_MIN_SPEECH_MS, BACKCHANNEL_*, HISTORY_MAX_ITEMS).
@@ -125,7 +124,8 @@ class SessionDefaults:
 
     def session(self, session_id):
         """A new session's configuration (``default_session``)."""
-        return default_session(session_id, self.model, self.instructions, self.voice, self.turn_detection)
+        return default_session(session_id, self.model, self.instructions, self.voice, self.turn_detection,
+                               self.speaks["transcription_model"])
 
 
 def session_defaults(config, speaks, model="s2s-default"):

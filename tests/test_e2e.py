@@ -147,6 +147,7 @@ async def test_disconnect_mid_audio_and_reconnect_at_once_gets_a_clean_unit(serv
     async with client.realtime.connect(model="s2s-default") as conn:
         created = await conn.recv()
         assert created.type == "session.created"
+        assert created.session.audio.input.transcription.model == "whisper-tiny.en"  # the model loaded
         assert time.monotonic() - left < 1.5  # the unit drained and was claimed again
         await conn.conversation.item.create(item={
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hello."}]})

@@ -203,8 +203,8 @@ SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
 def test_fuzzed_client_events_never_escape_and_every_reply_is_a_server_event(events):
     sent = []
     session = RealtimeSession("sess_fuzz", RecordingPort(), sent.append,
-                              session_defaults(get_config(), {"transcription_languages": ["en"],
-                                                              "voice_languages": ["en"]}, "m"))
+                              session_defaults(get_config(), {"transcription_languages": ["en"], "voice_languages": ["en"],
+                                                              "transcription_model": "whisper"}, "m"))
     session.start()
     for event in events:
         try:

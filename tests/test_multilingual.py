@@ -81,7 +81,9 @@ async def test_speech_in_spanish_and_french_is_heard_and_answered_in_its_languag
     reply = np.frombuffer(result.audio, dtype="<i2").astype(np.float32) / 32768
     words, spoken = whisper_base.transcribe_detect(soxr.resample(reply, PCM_RATE, 16_000))
     assert spoken == language, words
-    session_id = next(e["session"]["id"] for e in events if e["type"] == "session.created")
+    created = next(e["session"] for e in events if e["type"] == "session.created")
+    assert created["audio"]["input"]["transcription"]["model"] == "whisper-base"  # the model loaded
+    session_id = created["id"]
     voices = {row[0] for row in live.query(
         f"select voice from pool_conversationitem where session_id = '{session_id}' and role = 'assistant'")}
     assert voices == {SPEECH[language][0]}  # the preset's voice of that language (the session's is alloy)

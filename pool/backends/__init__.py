@@ -49,7 +49,7 @@ def load_default(config):
     missing. Raises ``pool.backends.cache.PreparationError`` when it cannot be, when a file of the cache
     is damaged (its size changed), or when a model file does not load: one line that names the
     file and the command that mends it."""
-    from pool.backends.cache import PreparationError, damage, default_paths, is_prepared, prepare
+    from pool.backends.cache import STT_NAMES, PreparationError, damage, default_paths, is_prepared, prepare
     from pool.backends.llm import load_llm
     from pool.backends.stt import WhisperSTT
     from pool.backends.tts import KokoroTTS
@@ -79,7 +79,8 @@ def load_default(config):
 
     backends = Backends(
         vad=load("VAD_MODEL", paths["vad"], lambda path: SileroVAD(path, threads["vad"])),
-        stt=load("STT_MODEL", paths["stt"], lambda path: WhisperSTT(path, threads["stt"])),
+        stt=load("STT_MODEL", paths["stt"], lambda path: WhisperSTT(
+            path, threads["stt"], None if config["STT_MODEL"] else STT_NAMES[preset])),
         llm=load("LLM_MODEL", paths["llm"], lambda path: load_llm(config, path)),
         tts=load("TTS_MODEL", paths["tts_model"], lambda path: KokoroTTS(
             path, config["TTS_VOICES"] or paths["tts_voices"], threads["tts"])),

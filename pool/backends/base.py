@@ -34,6 +34,7 @@ class VAD(Protocol):
 
 class STT(Protocol):
     languages: frozenset  # ISO 639-1 codes the model transcribes
+    name: str  # the model's name, as sessions announce it (audio.input.transcription.model)
 
     def transcribe(self, audio: np.ndarray, language: str | None = None, prompt: str | None = None) -> str:
         """The words of ``audio`` (float32 mono at 16 kHz). ``language``: None lets the model

@@ -122,6 +122,10 @@ def package_dir(import_name):
     return Path(list(spec.submodule_search_locations)[0])
 
 
+# The name of each preset's STT model, as sessions announce it (audio.input.transcription.model).
+STT_NAMES = {"english": "whisper-tiny.en", "multilingual": "whisper-base"}
+
+
 def default_paths(cache_dir, preset="english"):
     """Where each default model of ``preset`` is loaded from (package folders and the prepared
     cache). Raises PreparationError for a package that is not installed."""

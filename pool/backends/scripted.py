@@ -45,6 +45,7 @@ WEDGE_SECONDS = 120.0
 
 class ScriptedSTT:
     languages = frozenset({"en", "de"})  # as a multilingual model, so session tests may set one
+    name = "scripted-stt"
 
     def transcribe_detect(self, audio, language=None, prompt=None):
         SCRIPT.stt_languages.append(language)

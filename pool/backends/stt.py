@@ -9,6 +9,7 @@ utterances. Audio over ``SHORT_WINDOW_MAX_SECONDS`` takes faster-whisper's ordin
 """
 
 import math
+from pathlib import Path
 
 import ctranslate2
 import numpy as np
@@ -37,14 +38,16 @@ def encoder_frames(seconds):
 
 
 class WhisperSTT:
-    """``model_path``: a CTranslate2 Whisper folder; ``threads``: CTranslate2 CPU threads.
+    """``model_path``: a CTranslate2 Whisper folder; ``threads``: CTranslate2 CPU threads;
+    ``name``: the model's name (``pool.backends.cache.STT_NAMES``; else the folder's).
 
     One model serves all units: CTranslate2 queues concurrent calls on its workers
     (``num_workers=1``), so two sessions transcribing at once take turns instead of
     oversubscribing the cores.
     """
 
-    def __init__(self, model_path, threads=2):
+    def __init__(self, model_path, threads=2, name=None):
+        self.name = name or Path(model_path).name
         self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8",
                                   cpu_threads=threads, num_workers=1)
         self._tokenizers = {}  # language -> faster_whisper Tokenizer

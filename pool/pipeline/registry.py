@@ -45,9 +45,10 @@ class PoolRegistry:
     @functools.cached_property
     def speaks(self):
         """What the loaded models can do: ``{"transcription_languages", "voice_languages",
-        "voices"}``: ISO 639-1 codes, and the voice names a session may ask for (OpenAI's,
-        then the TTS's own)."""
+        "voices", "transcription_model"}``: ISO 639-1 codes, the voice names a session may ask
+        for (OpenAI's, then the TTS's own) and the STT model's name (``session.created``)."""
         return {"transcription_languages": sorted(self.backends.stt.languages),
+                "transcription_model": getattr(self.backends.stt, "name", type(self.backends.stt).__name__),
                 "voice_languages": sorted(self.backends.tts.languages),
                 "voices": sorted(OPENAI_VOICES) + sorted(self.backends.tts.voices)}
 
