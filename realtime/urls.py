@@ -1,9 +1,14 @@
+"""The Realtime protocol's HTTP endpoints and the browser page, in the ``realtime`` namespace:
+``reverse("realtime:client-secrets")``. The WebSocket route is in ``realtime.routing``."""
+
 from django.urls import path
 
 from realtime import client_secrets, views
 
+app_name = "realtime"
+
 urlpatterns = [
-    path("", views.talk, name="s2s-talk"),
-    path("v1/realtime/client_secrets", client_secrets.create, name="s2s-client-secrets"),
-    path("client_secret", client_secrets.create_for_user, name="s2s-user-client-secret"),
+    path("", views.talk, name="talk"),
+    path("v1/realtime/client_secrets", client_secrets.create, name="client-secrets"),
+    path("client_secret", client_secrets.create_for_user, name="user-client-secret"),
 ]

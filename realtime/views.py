@@ -15,8 +15,8 @@ def talk(request):
     config = get_config()
     return render(request, "realtime/talk.html", {
         "endpoint": config["REALTIME_PATH"],
-        "health_url": reverse("s2s-health"),
-        "secret_url": reverse("s2s-user-client-secret"),
+        "health_url": reverse("pool:health"),
+        "secret_url": reverse("realtime:user-client-secret"),
         "keys_required": not anonymous_allowed(),
         "voices": list(OPENAI_VOICES),
         "default_voice": config["DEFAULT_VOICE"],
