@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from pool.pipeline.timings import FIELDS
-from pool.testing import AUDIO_DIR, LiveServer
+from pool.testing import LiveServer
+from tests.helpers import AUDIO_DIR
 
 RECORDINGS = {"jfk": AUDIO_DIR / "jfk.flac", "hotwords": AUDIO_DIR / "hotwords.mp3",
               "stereo": AUDIO_DIR / "stereo_diarization.wav"}

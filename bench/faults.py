@@ -31,7 +31,6 @@ import psycopg
 import websockets
 
 from pool.testing import (
-    PROJECT_DIR,
     LiveServer,
     PrivatePostgres,
     RedisServer,
@@ -40,6 +39,7 @@ from pool.testing import (
     postgres_database,
     wait_until,
 )
+from tests.helpers import PROJECT_DIR
 
 from .common import emit
 

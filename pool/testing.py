@@ -8,7 +8,8 @@ in sequence and stops them in reverse, also when one of them fails to start::
         url = stack.enter_context(postgres_database())
         a = stack.enter_context(LiveServer(tmp / "a", env={"DATABASE_URL": url}))
 
-Used by this repository's tests and benchmarks (``bench/``); nothing here runs in a server.
+Nothing here knows a checkout's paths (a project's tests say where its ``manage.py`` is, or run
+from its folder), and nothing here runs in a server.
 """
 
 import glob
@@ -26,9 +27,8 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]  # this checkout: manage.py and s2s_project
-AUDIO_DIR = PROJECT_DIR.parent / "shared" / "audio"  # the recordings tests and benchmarks use
-POSTGRES = "postgresql://postgres@127.0.0.1:5432"  # the machine's server, trust auth (the CI's)
+# The PostgreSQL server on which postgres_database creates its databases (libpq's URL form).
+POSTGRES = os.environ.get("S2S_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432")
 
 
 def free_port():
@@ -61,18 +61,18 @@ class LiveServer:
     ADMIN = ("admin", "admin-pw")
 
     def __init__(self, folder, pool_size=1, env=None, args=("--allow-anonymous",), prefix="", migrate=True,
-                 project_dir=PROJECT_DIR, port=None, command_prefix=()):
+                 project_dir=None, port=None, command_prefix=()):
         """``folder``: where its database, log and media go. ``args``: runpool's options beyond
         port and pool size; by default those of the local quick start (``make serve``).
         ``prefix``: where the host project mounts the apps ("" for s2s_project, "/voice").
         ``migrate=False``: leave a fresh database to runpool. ``project_dir``: the folder of the
-        ``manage.py`` to run. ``command_prefix``: argv that runs the server's command (e.g.
+        ``manage.py`` to run (default: the current directory). ``command_prefix``: argv that runs the server's command (e.g.
         ``unshare`` with a mount of its own; it must ``exec`` the command, so that signals reach
         it). Raises RuntimeError (with the log's tail) if it does not start."""
         folder = Path(folder)
         self.port = port or free_port()
         self.prefix = prefix
-        self.project_dir = project_dir
+        self.project_dir = Path(project_dir or Path.cwd())
         self.base_url = f"ws://127.0.0.1:{self.port}{prefix}/v1"
         self.db = folder / "db.sqlite3"
         self.log = folder / "server.log"
@@ -84,7 +84,7 @@ class LiveServer:
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
                 [*command_prefix, sys.executable, "manage.py", "runpool", "--port", str(self.port), "--pool-size",
-                 str(pool_size), *args], cwd=project_dir, env=self.env, stdout=log, stderr=log)
+                 str(pool_size), *args], cwd=self.project_dir, env=self.env, stdout=log, stderr=log)
         deadline = time.monotonic() + 300
         while not self._healthy():
             if self.process.poll() is not None or time.monotonic() > deadline:

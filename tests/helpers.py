@@ -2,11 +2,14 @@
 
 import base64
 import json
+from pathlib import Path
 
 import numpy as np
 
-from pool.testing import AUDIO_DIR
 from realtime.client import load_audio, pcm16_chunks
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]  # this checkout: manage.py and s2s_project
+AUDIO_DIR = PROJECT_DIR.parent / "shared" / "audio"  # the recordings tests and benchmarks use
 
 JFK = AUDIO_DIR / "jfk.flac"
 HOTWORDS = AUDIO_DIR / "hotwords.mp3"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pool.testing import PROJECT_DIR
+from .helpers import PROJECT_DIR
 
 ROOT = PROJECT_DIR
 pytestmark = [pytest.mark.models, pytest.mark.live]

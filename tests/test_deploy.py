@@ -5,7 +5,7 @@ import shlex
 
 import yaml
 
-from pool.testing import PROJECT_DIR
+from .helpers import PROJECT_DIR
 
 DEPLOY = PROJECT_DIR / "deploy"
 

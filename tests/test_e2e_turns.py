@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import soundfile
 
-from pool.testing import PROJECT_DIR as ROOT
 from pool.testing import wait_until
 from realtime.audio import PCM_RATE
 from realtime.client import CHUNK_MS, pcm16_chunks, talk
 
 from .helpers import JFK, JFK_WORDS, check_turns_answered, normalise
+from .helpers import PROJECT_DIR as ROOT
 from .test_e2e import _wait_idle
 
 

@@ -8,10 +8,10 @@ import zipfile
 
 import pytest
 
-from pool.testing import PROJECT_DIR, LiveServer, wait_until
+from pool.testing import LiveServer, wait_until
 from realtime.client import talk
 
-from .helpers import HOTWORDS, normalise
+from .helpers import HOTWORDS, PROJECT_DIR, normalise
 
 ROOT = PROJECT_DIR
 

@@ -12,7 +12,9 @@ import pytest
 from django.core.management import call_command
 
 from pool.backends.cache import KOKORO_ONNX_SHA256, SMART_TURN_SHA256, default_paths, prepare, sha256_file
-from pool.testing import PROJECT_DIR, free_port
+from pool.testing import free_port
+
+from .helpers import PROJECT_DIR
 
 pytestmark = pytest.mark.models
 

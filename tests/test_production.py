@@ -13,9 +13,9 @@ from django.core.management.utils import get_random_secret_key
 
 from pool.access import accounting, auth
 from pool.models import Session
-from pool.testing import PROJECT_DIR as ROOT
 from pool.testing import LiveServer
 
+from .helpers import PROJECT_DIR as ROOT
 from .helpers import open_socket, refused_with
 
 
