@@ -1,42 +1,52 @@
-"""The client's ``conversation.item.*`` events (but truncate: ``realtime.session.output``), a part of
-``realtime.session.RealtimeSession`` (a mixin: it uses the session's ``conversation``, ``send``
-and ``history``). The items themselves are ``realtime.session.conversation``'s."""
+"""The client's ``conversation.item.*`` events (but truncate, which concerns what the user heard of
+a response: ``RealtimeSession``) and the announcement of every item the conversation gains.
+
+``ConversationEvents`` is owned by the session; it works on the session's ``Conversation``
+(``realtime.session.conversation``, where the items themselves are shaped), sends through the
+session's ``send`` and keeps each item in its history.
+"""
 
 from realtime.errors import ProtocolError
 from realtime.session import conversation as conv
 
 
 class ConversationEvents:
-    """``conversation.item.create``, ``.retrieve`` and ``.delete`` (mixed into ``RealtimeSession``)."""
+    """``conversation.item.create``, ``.retrieve`` and ``.delete`` on ``conversation``;
+    ``send(type, **fields)``: the session's; ``history``: its ``SessionHistory``. Each raises
+    ProtocolError for an event it cannot carry out."""
 
-    def _on_conversation_item_create(self, event):
+    def __init__(self, conversation, send, history):
+        self._conversation, self._send, self._history = conversation, send, history
+
+    def create(self, event):
+        items = self._conversation.items
         item, previous = event["item"], event.get("previous_item_id")
-        if previous is not None and previous != "root" and previous not in self.items:
+        if previous is not None and previous != "root" and previous not in items:
             raise ProtocolError("item_not_found", f"Item with id '{previous}' not found.",
                                 param="previous_item_id")
         item = conv.normalise_item(item)
-        if item["id"] in self.items:
+        if item["id"] in items:
             raise ProtocolError("item_already_exists", f"Item '{item['id']}' already exists.",
                                 param="item.id")
-        if item["type"] == "function_call_output" and not self.conversation.has_call(item["call_id"]):
+        if item["type"] == "function_call_output" and not self._conversation.has_call(item["call_id"]):
             raise ProtocolError("invalid_tool_call_id", f"No function call with call_id "
                                 f"'{item['call_id'][:100]}' in the conversation.", param="item.call_id")
-        self._insert_item(item, previous)
-        self.history.item(item)
+        self.insert(item, previous)
+        self._history.item(item)
 
-    def _on_conversation_item_retrieve(self, event):
-        item = self.conversation.get(event["item_id"])
-        self.send("conversation.item.retrieved", item=conv.public(item))
+    def retrieve(self, event):
+        item = self._conversation.get(event["item_id"])
+        self._send("conversation.item.retrieved", item=conv.public(item))
 
-    def _on_conversation_item_delete(self, event):
+    def delete(self, event):
         item_id = event["item_id"]
-        self.conversation.delete(item_id)
-        self.send("conversation.item.deleted", item_id=item_id)
+        self._conversation.delete(item_id)
+        self._send("conversation.item.deleted", item_id=item_id)
 
-    def _insert_item(self, item, previous_item_id=None):
+    def insert(self, item, previous_item_id=None):
         """Add an item (see ``Conversation.insert``) and announce it."""
-        before = self.conversation.insert(item, previous_item_id)
+        before = self._conversation.insert(item, previous_item_id)
         public = conv.public(item)
-        self.send("conversation.item.added", previous_item_id=before, item=public)
+        self._send("conversation.item.added", previous_item_id=before, item=public)
         if item.get("status") == "completed":
-            self.send("conversation.item.done", previous_item_id=before, item=public)
+            self._send("conversation.item.done", previous_item_id=before, item=public)

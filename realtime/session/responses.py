@@ -1,4 +1,5 @@
-"""A response: its parameters (``response.create`` overrides over the session) and its output.
+"""A response: its parameters (``response.create`` overrides over the session) and its body;
+its output items are its ``output`` (``realtime.session.output.ResponseOutput``).
 
 The life cycle (created -> output items -> ``response.done``) is driven by
 ``realtime.session.RealtimeSession``; when a reply starts is decided by ``realtime.session.turns``.
@@ -7,33 +8,21 @@ The life cycle (created -> output items -> ``response.done``) is driven by
 from pool.backends.voices import LANGUAGES
 from realtime import session_config as sc
 from realtime.errors import ProtocolError
-from realtime.session.conversation import normalise_item, public
+from realtime.session.conversation import normalise_item
 
 
 class Response:
-    """One response in progress. ``job``: its ``pool.pipeline.messages.ResponseJob``; ``automatic``:
-    started by turn detection for a user turn, not by the client's ``response.create``."""
+    """One response in progress. ``job``: its ``pool.pipeline.messages.ResponseJob``; ``output``:
+    its ``ResponseOutput``; ``automatic``: started by turn detection for a user turn, not by the
+    client's ``response.create``."""
 
-    def __init__(self, response_id, job, conversation, metadata, modality, automatic=False):
+    def __init__(self, response_id, job, output, metadata, automatic=False):
         self.id = response_id
         self.automatic = automatic
         self.job = job
-        self.in_conversation = conversation
+        self.output = output
         self.metadata = metadata
-        self.modality = modality
-        self.output = []  # output items in order (messages and function calls)
-        self.item = None  # the open assistant message item, created with its first output
-        self.text = []  # its transcript (audio) or text deltas, in order
-        self.audio_ms = 0.0  # audio of the open item sent so far
-        self.truncated_ms = None  # set when the client truncated the open item while it played
         self.turns = []  # the user turns this reply is the first to see (realtime.session.turns)
-
-    def where(self, item, content=True):
-        """The addressing fields of an output item's events."""
-        fields = {"response_id": self.id, "item_id": item["id"], "output_index": self.output.index(item)}
-        if content:
-            fields["content_index"] = 0
-        return fields
 
     def body(self, status, status_details=None, usage=None):
         return {
@@ -41,9 +30,9 @@ class Response:
             "id": self.id,
             "status": status,
             "status_details": status_details,
-            "output": [public(item) for item in self.output],
-            "conversation_id": "auto" if self.in_conversation else None,
-            "output_modalities": [self.modality],
+            "output": self.output.public(),
+            "conversation_id": "auto" if self.output.in_conversation else None,
+            "output_modalities": [self.output.modality],
             "metadata": self.metadata,
             "usage": usage,
         }

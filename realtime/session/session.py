@@ -5,10 +5,10 @@
 out through the ``send`` callable it was given. Audio work is submitted to the unit (``port``);
 the unit's stage threads compute and emit events back. Both directions dispatch the same way:
 an event type ``a.b_c`` (or a message class ``BC``) is handled by the method ``_on_a_b_c``
-(``_on_b_c``). Its parts live in their own modules: the items in ``realtime.session.conversation`` (the
-client's item events in ``realtime.session.conversation_events``), a response's parameters and body in
-``realtime.session.responses``, its output items in ``realtime.session.output``, and when speech is a turn and
-when a reply starts in ``realtime.session.turns``. A response ends in one place, ``_end_response``.
+(``_on_b_c``). Its parts are objects it owns, each in its module: the items (``conversation``) and the client's
+item events (``conversation_events``), a response's parameters and body (``responses``) and its
+output items (``output``, owned by the response), and when speech is a turn and when a reply
+starts (``turns``). A response ends in one place, ``_end_response``.
 """
 
 import asyncio
@@ -53,7 +53,7 @@ def _pipeline_handler_name(event_type):
     return "_on_" + _CAMEL.sub("_", event_type.__name__).lower()
 
 
-class RealtimeSession(ConversationEvents, ResponseOutput):
+class RealtimeSession:
     """One client's session on one unit.
 
     ``port``: the unit, with ``submit(msg) -> bool``; ``send(event_dict)``: queues a server event;
@@ -81,6 +81,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
                       "last_error": ""}
         self._turn_marks = Marks()  # of the latest voice turn (pool.pipeline.timings)
         self.history = SessionHistory(session_id, recorder or NoRecords(), defaults.history_max_items)
+        self.conversation_events = ConversationEvents(self.conversation, self.send, self.history)
         self._recording = recording
         self._input_format = None
         # Appends submitted to the VAD, heard by it, and covered by a CatchUpInput (input_pending).
@@ -127,6 +128,8 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         if self.response is not None:
             self.response.job.cancelled.set()
         self.stats.update(self.history.close())
+        # The parts it owns send through it: without these references, it goes by refcount.
+        self.response = self.conversation_events = None
 
     def input_pending(self):
         """True while audio the client sent has not been through the VAD yet. The VAD is then
@@ -204,6 +207,41 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
                             "and SIP connections; over WebSocket, use response.cancel and "
                             "conversation.item.truncate.")
 
+    def _on_conversation_item_create(self, event):
+        self.conversation_events.create(event)
+
+    def _on_conversation_item_retrieve(self, event):
+        self.conversation_events.retrieve(event)
+
+    def _on_conversation_item_delete(self, event):
+        self.conversation_events.delete(event)
+
+    def _on_conversation_item_truncate(self, event):
+        """What the user heard of an assistant audio item: of the reply still being spoken (its
+        speech stops now), or of one already done."""
+        item = self.conversation.get(event["item_id"])
+        content_index, audio_end_ms = event["content_index"], event["audio_end_ms"]
+        if item.get("role") != "assistant" or not item["content"] or content_index != 0:
+            raise ProtocolError("invalid_value", "Only an assistant audio item's content 0 can be "
+                                "truncated.", param="content_index")
+        playing = self.response if self.response and self.response.output.item is item else None
+        heard = playing.output.audio_ms if playing else item.get("_audio_ms", 0)
+        if not 0 <= audio_end_ms <= heard:
+            raise ProtocolError("invalid_value", f"audio_end_ms must be between 0 and the item's "
+                                f"audio sent so far ({int(heard)} ms).", param="audio_end_ms")
+        if playing:
+            # Still being spoken: stop its speech now; the transcript is cut when it closes, and
+            # the response ends at response.cancel or when its stages have stopped.
+            playing.output.truncate(audio_end_ms)
+            playing.job.cancelled.set()
+            self.turns.response_truncated()
+        else:
+            part = item["content"][0]
+            part["transcript"] = conv.cut_transcript(part.get("transcript") or "", audio_end_ms, heard)
+            item["_audio_ms"] = audio_end_ms
+        self.send("conversation.item.truncated", item_id=item["id"], content_index=0,
+                  audio_end_ms=audio_end_ms)
+
     # --- helpers for client events ---------------------------------------------------------
 
     def _configure_input(self):
@@ -239,8 +277,9 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         job = m.ResponseJob(response_id, request, params["modality"], voice,
                             audio_out["speed"], OutputAudioEncoder(audio_out["format"]),
                             marks=self._turn_marks)
-        response = Response(response_id, job, params["conversation"], params["metadata"],
-                            params["modality"], automatic)
+        output = ResponseOutput(response_id, params["modality"], params["conversation"], voice, self.send,
+                                self.conversation, self.history)
+        response = Response(response_id, job, output, params["metadata"], automatic)
         if not self._port.submit(job):
             raise ProtocolError("server_busy", "The unit cannot take another response now.",
                                 type="server_error", event_id=event_id)
@@ -263,7 +302,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         response.job.cancelled.set()
         if status in ("cancelled", "completed"):
             self.stats[f"{status}_responses"] += 1
-        self._close_item(response, "completed" if status == "completed" else "incomplete")
+        response.output.close("completed" if status == "completed" else "incomplete")
         self.send("response.done", response=response.body(status, details, usage))
         timings = TurnTimings.from_marks(response.job.marks)
         self.history.response(response.id, status, details, usage, timings)
@@ -307,7 +346,7 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
         self.send("input_audio_buffer.committed", previous_item_id=self.conversation.last_id(),
                   item_id=event.item_id)
         item = conv.user_audio_item(event.item_id)
-        self._insert_item(item)
+        self.conversation_events.insert(item)
         self.history.committed(item)
         self.turns.committed(event.item_id)
 
@@ -351,6 +390,49 @@ class RealtimeSession(ConversationEvents, ResponseOutput):
                                               "message": event.message, "param": None})
         self.history.transcribed(event.item_id)
         self.turns.transcribed(event.item_id)
+
+    def _active(self, response_id):
+        return self.response if self.response and self.response.id == response_id else None
+
+    def _on_response_text(self, event):
+        response = self._active(event.response_id)
+        if response is not None:
+            response.output.add_text(event.text)
+
+    def _on_response_audio(self, event):
+        response = self._active(event.response_id)
+        if response is None:
+            return
+        opens = response.output.item is None  # the first audio of an item
+        if not response.output.add_audio(event.chunks, event.transcript, event.audio_ms):
+            return  # truncated by the client
+        if opens:
+            response.job.marks.reach("first_audio_sent")
+        if self._recording is not None and event.samples is not None:
+            self._recording.sent(event.samples)
+        self.turns.audio_sent(event.audio_ms)
+        self.stats["audio_out_seconds"] += event.audio_ms / 1000
+
+    def _on_response_function_call(self, event):
+        response = self._active(event.response_id)
+        if response is not None:
+            response.output.add_function_call(event.call_id, event.name, event.arguments)
+
+    def _on_response_finished(self, event):
+        response = self._active(event.response_id)
+        if response is None:
+            return
+        if response.output.truncated_ms is not None:
+            self.cancel_response("client_cancelled")  # truncated by the client, no cancel came
+            return
+        usage = {"total_tokens": event.usage.get("input_tokens", 0) + event.usage.get("output_tokens", 0),
+                 "input_tokens": event.usage.get("input_tokens", 0),
+                 "output_tokens": event.usage.get("output_tokens", 0)}
+        if event.error:
+            self._end_response("failed", {"type": "failed", "error": {
+                "type": "server_error", "code": "model_error", "message": event.error}}, usage)
+        else:
+            self._end_response("completed", None, usage)
 
     def _on_stage_failed(self, event):
         self.stats["stage_failures"] += 1

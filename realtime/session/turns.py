@@ -171,13 +171,13 @@ class TurnTaking:
                      item_id=event.item_id)
         td = self._s.config["audio"]["input"]["turn_detection"]
         response = self._s.response
-        stale = response is not None and response.automatic and not response.output
+        stale = response is not None and response.automatic and not response.output.items
         if response is not None and (stale or (td and td.get("interrupt_response"))):
             self._s.cancel_response("turn_detected")
 
     def _assistant_speaking(self):
         response = self._s.response
-        return (response is not None and response.audio_ms > 0) or time.monotonic() < self.playback_end
+        return (response is not None and response.output.audio_ms > 0) or time.monotonic() < self.playback_end
 
     # --- speech over the assistant ------------------------------------------------------------
 
