@@ -36,9 +36,11 @@ def test_words_of_every_script_without_accents():
     ("hi", "हाँ, ठीक है।", False), ("hi", "रुको, रुको।", True),
 ])
 def test_backchannels_in_the_languages_of_the_multilingual_preset(language, heard, expected):
+    from realtime.session.conversation import Conversation
     from realtime.session.turns import TurnTaking
 
-    turns = TurnTaking(None, 500, DEFAULTS["BACKCHANNEL_WORDS"], None, DEFAULTS["BACKCHANNEL_WORDS_BY_LANGUAGE"])
+    turns = TurnTaking("sess_1", Conversation(), 500, DEFAULTS["BACKCHANNEL_WORDS"], None,
+                       DEFAULTS["BACKCHANNEL_WORDS_BY_LANGUAGE"])
     turns.language = language
     assert interrupts(heard, turns._backchannels) is expected
     turns.language = "en"  # Spanish backchannels do not count for an English speaker
@@ -55,3 +57,47 @@ def test_a_reply_is_spoken_by_a_voice_of_its_language():
     assert voice_for_language("ff_siwis", "fr", voices) == "ff_siwis"
     assert voice_for_language("alloy", "it", voices) == "alloy"  # no Italian voice loaded
     assert voice_for_language("ef_dora", None, voices) == "ef_dora"
+
+
+def _turns_over_a_speaking_reply():
+    """Turn-taking with a reply that has sent audio, and its answers to each step (no session)."""
+    from types import SimpleNamespace
+
+    from realtime.session.conversation import Conversation
+    from realtime.session.turns import TurnTaking
+
+    turns = TurnTaking("sess_1", Conversation(), 500, DEFAULTS["BACKCHANNEL_WORDS"])
+    turns.turn_detection = {"type": "server_vad", "create_response": True, "interrupt_response": True}
+    reply = SimpleNamespace(automatic=True, turns=[], output=SimpleNamespace(items=[{}], audio_ms=800.0))
+    turns.response_created(reply)
+    return turns, reply
+
+
+def test_turn_taking_answers_speech_over_the_assistant_with_decisions():
+    from pool.pipeline import messages as m
+    from realtime.session import turns as t
+
+    turns, _reply = _turns_over_a_speaking_reply()
+    started = m.SpeechStarted("item_1", 1200)
+    assert turns.speech_started(started) == [t.Peek("item_1", 500, None)]  # undecided: listen first
+    held = m.ResponseAudio("resp_1", "Hello", ["AAAA"], 200.0, 0.1)
+    assert turns.intercept(held) == []  # the reply's next audio waits for the verdict
+    stopped = m.SpeechStopped("item_1", 2000)
+    assert turns.intercept(stopped) == []
+    verdict = turns.intercept(m.SpeechPeeked("item_1", "Wait, stop.", 500))
+    assert verdict == [t.Announce(started), t.Cancel("turn_detected"), t.Release((stopped,))]
+    assert turns.settle() == [t.Release((held,))]  # no speech undecided: the held reply goes on
+
+
+def test_a_backchannel_over_the_assistant_is_dropped_and_the_reply_goes_on():
+    from pool.pipeline import messages as m
+    from realtime.session import turns as t
+
+    turns, _reply = _turns_over_a_speaking_reply()
+    turns.speech_started(m.SpeechStarted("item_1", 1200))
+    held = m.ResponseAudio("resp_1", "Hello", ["AAAA"], 200.0, 0.1)
+    turns.intercept(held)
+    assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 500)) == [t.Peek("item_1", 1000, None)]
+    assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 0)) == []  # it ended: no more peeks
+    assert turns.intercept(m.Transcribed("item_1", "Mm-hmm.", 0.6, 0.05)) == [t.Release((held,))]
+    assert turns.speaking is None and not turns.unanswered  # no turn, nothing to answer

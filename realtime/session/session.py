@@ -30,6 +30,7 @@ from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
 from realtime.errors import ProtocolError
 from realtime.session import conversation as conv
+from realtime.session import turns
 from realtime.session.conversation_events import ConversationEvents
 from realtime.session.history import SessionHistory
 from realtime.session.output import ResponseOutput
@@ -71,8 +72,10 @@ class RealtimeSession:
         self._speaks = defaults.speaks  # PoolRegistry.speaks: the models' languages
         self.config = defaults.session(session_id)
         self.conversation = conv.Conversation()
-        self.turns = TurnTaking(self, defaults.interrupt_min_speech_ms, defaults.backchannel_words,
-                                defaults.backchannel_prompt, defaults.backchannel_words_by_language)
+        self.turns = TurnTaking(session_id, self.conversation, defaults.interrupt_min_speech_ms,
+                                defaults.backchannel_words, defaults.backchannel_prompt,
+                                defaults.backchannel_words_by_language)
+        self._turn_timer = None  # a turns.Wait in progress
         self._turn_language = None  # of the latest user turn: the next reply's language
         self.response = None  # the active Response
         # The session row's counters (pool.models.Session), reported when the session ends.
@@ -124,25 +127,61 @@ class RealtimeSession:
     def close(self):
         """The client is gone: stop the active response's generation and speech now, and close
         the history (its summary joins ``stats``)."""
-        self.turns.close()
+        self._cancel_turn_timer()
         if self.response is not None:
             self.response.job.cancelled.set()
         self.stats.update(self.history.close())
         # The parts it owns send through it: without these references, it goes by refcount.
         self.response = self.conversation_events = None
 
-    def input_pending(self):
-        """True while audio the client sent has not been through the VAD yet. The VAD is then
-        asked to say when it has (``InputCaughtUp``), and turn-taking decides again."""
-        if self._appends_heard >= self._appends_sent:
-            return False
-        if self._catch_up_asked < self._appends_sent:
-            if self._port.submit(m.CatchUpInput(self._appends_sent)):
-                self._catch_up_asked = self._appends_sent
-            else:  # the VAD inbox is full: ask again when it has room
-                loop = asyncio.get_running_loop()
-                self._port.when_input_room(lambda: loop.call_soon_threadsafe(self.turns.maybe_respond))
-        return True
+    # --- turn-taking's decisions ----------------------------------------------------------
+
+    def _carry_out(self, decisions):
+        """Carry out what turn-taking decided (``realtime.session.turns``), in order."""
+        for decision in decisions:
+            if isinstance(decision, turns.Announce):
+                self._cancel_turn_timer()
+                self.send("input_audio_buffer.speech_started", audio_start_ms=decision.event.audio_start_ms,
+                          item_id=decision.event.item_id)
+            elif isinstance(decision, turns.Cancel):
+                if self.response is not None:
+                    self.cancel_response(decision.reason)
+            elif isinstance(decision, turns.Peek):
+                self.submit(m.PeekInput(decision.item_id, decision.after_ms, decision.prompt))
+            elif isinstance(decision, turns.Release):
+                for event in decision.events:
+                    self.handle_pipeline_event(event)
+                self._carry_out(self.turns.settle())
+            elif isinstance(decision, turns.Start):
+                self.create_response({}, automatic=True)
+            elif isinstance(decision, turns.Wait):
+                self._cancel_turn_timer()
+                self._turn_timer = asyncio.get_running_loop().call_later(decision.seconds, self._decide_again)
+            elif isinstance(decision, turns.CatchUp):
+                self._ask_catch_up()
+
+    def _decide_again(self):
+        """Turn-taking's ``maybe_respond`` once more (after a Wait, or once the input has room)."""
+        self._turn_timer = None
+        try:
+            self._carry_out(self.turns.maybe_respond())
+        except ProtocolError as error:
+            self.send_error(error)
+
+    def _cancel_turn_timer(self):
+        if self._turn_timer is not None:
+            self._turn_timer.cancel()
+            self._turn_timer = None
+
+    def _ask_catch_up(self):
+        """Ask the VAD to say (``InputCaughtUp``) when it has heard every append sent so far."""
+        if self._catch_up_asked >= self._appends_sent:
+            return
+        if self._port.submit(m.CatchUpInput(self._appends_sent)):
+            self._catch_up_asked = self._appends_sent
+        else:  # the VAD inbox is full: ask again when it has room
+            loop = asyncio.get_running_loop()
+            self._port.when_input_room(lambda: loop.call_soon_threadsafe(self._decide_again))
 
     def submit(self, msg):
         """Queue work on the unit. Raises ProtocolError ``server_busy`` when it cannot take it."""
@@ -178,12 +217,13 @@ class RealtimeSession:
         self.turns.language = (config["audio"]["input"]["transcription"] or {}).get("language") or self._turn_language
         self._configure_input()
         if self.config["audio"]["input"]["turn_detection"] is None:
-            self.turns.input_reset()  # manual turns: the VAD no longer ends speech
+            self._carry_out(self.turns.input_reset())  # manual turns: the VAD no longer ends speech
 
     def _on_input_audio_buffer_append(self, event):
         audio = event["audio"]
         self.submit(m.AppendInput(audio, event.get("event_id")))
         self._appends_sent += 1
+        self.turns.input_heard = False
         self.stats["audio_in_seconds"] += len(audio) * 3 / 4 / bytes_per_second(self._input_format)
 
     def _on_input_audio_buffer_commit(self, event):
@@ -250,6 +290,8 @@ class RealtimeSession:
             self._input_format = copy.deepcopy(audio_in["format"])
             self._decoder = InputAudioDecoder(self._input_format)
         language = (audio_in["transcription"] or {}).get("language")
+        self.turns.turn_detection = audio_in["turn_detection"]
+        self.turns.replies = self.config["type"] == "realtime"  # not a transcription session
         self.submit(m.ConfigureInput(self._decoder, sc.vad_settings(audio_in["turn_detection"]), language))
 
     # --- responses -------------------------------------------------------------------------
@@ -309,7 +351,7 @@ class RealtimeSession:
         if status == "completed" and timings is not None:
             log.info("turn timings %s %s", response.id, json.dumps(timings.as_dict()))
             metrics.turn(timings)
-        self.turns.response_ended(response, status, (details or {}).get("reason"))
+        self._carry_out(self.turns.response_ended(response, status, (details or {}).get("reason")))
 
     # --- pipeline events -------------------------------------------------------------------
 
@@ -317,7 +359,9 @@ class RealtimeSession:
         """One event from the unit's stage threads (called on the event loop). Turn-taking may
         hold it back (speech not yet known to be a turn) and hand it back later."""
         try:
-            if self.turns.intercept(event):
+            decisions = self.turns.intercept(event)
+            if decisions is not None:
+                self._carry_out(decisions)
                 return
             handler = getattr(self, _pipeline_handler_name(type(event)), None)
             if handler:
@@ -331,12 +375,12 @@ class RealtimeSession:
     def _on_speech_started(self, event):
         self._turn_marks = Marks()
         self.history.speech_started(event.item_id, event.audio_start_ms)
-        self.turns.speech_started(event)
+        self._carry_out(self.turns.speech_started(event))
 
     def _on_speech_stopped(self, event):
         self._turn_marks.speech_stopped = time.perf_counter()
         self.history.speech_stopped(event.item_id, event.audio_end_ms)
-        self.turns.speech_stopped()
+        self._carry_out(self.turns.speech_stopped())
         self.send("input_audio_buffer.speech_stopped", audio_end_ms=event.audio_end_ms,
                   item_id=event.item_id)
 
@@ -348,14 +392,15 @@ class RealtimeSession:
         item = conv.user_audio_item(event.item_id)
         self.conversation_events.insert(item)
         self.history.committed(item)
-        self.turns.committed(event.item_id)
+        self._carry_out(self.turns.committed(event.item_id))
 
     def _on_input_caught_up(self, event):
         self._appends_heard = max(self._appends_heard, event.appends)
-        self.turns.maybe_respond()
+        self.turns.input_heard = self._appends_heard >= self._appends_sent
+        self._carry_out(self.turns.maybe_respond())  # more appends since: another CatchUp
 
     def _on_input_cleared(self, event):
-        self.turns.input_reset()
+        self._carry_out(self.turns.input_reset())
         self.send("input_audio_buffer.cleared")
 
     def _on_input_rejected(self, event):
@@ -381,7 +426,7 @@ class RealtimeSession:
                           usage={"type": "duration", "seconds": round(event.audio_seconds, 3)},
                           **({"language": event.language} if event.language else {}))
         self.history.transcribed(event.item_id)
-        self.turns.transcribed(event.item_id)
+        self._carry_out(self.turns.transcribed(event.item_id))
 
     def _on_transcription_failed(self, event):
         if event.item_id in self.items:
@@ -389,7 +434,7 @@ class RealtimeSession:
                       content_index=0, error={"type": "transcription_error", "code": "transcription_failed",
                                               "message": event.message, "param": None})
         self.history.transcribed(event.item_id)
-        self.turns.transcribed(event.item_id)
+        self._carry_out(self.turns.transcribed(event.item_id))
 
     def _active(self, response_id):
         return self.response if self.response and self.response.id == response_id else None

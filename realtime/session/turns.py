@@ -1,8 +1,11 @@
 """Turn-taking: when user speech is a turn, when it interrupts the assistant, when a reply starts.
 
-``TurnTaking.maybe_respond`` is the one place that decides to start, queue or drop a reply of a
-server-VAD session (``server_vad`` or ``semantic_vad`` with ``create_response``). The rules, also
-in docs/PROTOCOL.md ("Turn-taking"):
+``TurnTaking`` holds the turn state of one session and answers each thing that happens with the
+decisions the session carries out, in order (``Announce``, ``Cancel``, ``Peek``, ``Release``,
+``Start``, ``Wait``, ``CatchUp``; an empty list: hold, queue or drop, nothing to do now). It
+never calls the session. ``TurnTaking.maybe_respond`` is the one place that decides to start,
+queue or drop a reply of a server-VAD session (``server_vad`` or ``semantic_vad`` with
+``create_response``). The rules, also in docs/PROTOCOL.md ("Turn-taking"):
 
 - A reply starts only while the user is silent: no speech in progress or undecided, every
   committed turn transcribed, and every audio append the client sent heard by the VAD. It is built from every user turn committed before it starts.
@@ -24,11 +27,11 @@ in docs/PROTOCOL.md ("Turn-taking"):
   "and", "the") is not answered before the eagerness fallback silence, unless the user goes on.
 """
 
-import asyncio
 import logging
 import re
 import time
 import unicodedata
+from dataclasses import dataclass
 
 from pool.pipeline import messages as m
 from realtime.session_config import effective_silence_ms
@@ -45,6 +48,56 @@ _JOIN = re.compile(r"[-'\u2019]")  # "mm-hmm" -> "mmhmm", "don't" -> "dont"
 # n and u, and perhaps a plural s.
 _HUM = re.compile(r"^[mhnu]*[mh][mhnu]*s?$")
 _OUTPUT = (m.ResponseText, m.ResponseAudio, m.ResponseFunctionCall, m.ResponseFinished)
+
+
+# --- the decisions the session carries out -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Announce:
+    """Send ``input_audio_buffer.speech_started`` for ``event`` (a SpeechStarted): speech is a turn."""
+
+    event: object
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel the active response (``reason``: "turn_detected")."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Peek:
+    """Ask the unit for a transcript of ``item_id`` once it holds ``after_ms`` of voiced speech,
+    with ``prompt`` as the STT's prompt (``pool.pipeline.messages.PeekInput``)."""
+
+    item_id: str
+    after_ms: int
+    prompt: str | None
+
+
+@dataclass(frozen=True)
+class Release:
+    """Handle these held pipeline ``events`` now, in order, then carry out ``settle()``."""
+
+    events: tuple
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start the automatic reply to the turns so far."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Decide again (``maybe_respond``) in ``seconds``, unless something decides sooner."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """Audio the client sent is not heard yet: decide again once the VAD has heard it."""
 
 
 def words(transcript):
@@ -84,13 +137,16 @@ class _Undecided:
 
 
 class TurnTaking:
-    """The turn state of one session. ``session``: the RealtimeSession (``config``, ``response``,
-    ``conversation``, ``send``, ``create_response``, ``cancel_response``, ``submit``,
-    ``handle_pipeline_event``); ``min_speech_ms``: INTERRUPT_MIN_SPEECH_MS (0: any speech
-    interrupts at once, as on OpenAI's service); ``backchannel_words``: BACKCHANNEL_WORDS;
-    ``backchannel_prompt``: BACKCHANNEL_PROMPT, the STT prompt of peeks; ``by_language``:
-    BACKCHANNEL_WORDS_BY_LANGUAGE, whose words count too while the user speaks that language
-    (``language``).
+    """The turn state of one session. Every method that reports something returns the list of
+    decisions (above) the session carries out, in order.
+
+    ``session_id``: for the log; ``conversation``: the session's ``Conversation`` (the turns'
+    transcripts); ``min_speech_ms``: INTERRUPT_MIN_SPEECH_MS (0: any speech interrupts at once, as
+    on OpenAI's service); ``backchannel_words``: BACKCHANNEL_WORDS; ``backchannel_prompt``:
+    BACKCHANNEL_PROMPT, the STT prompt of peeks; ``by_language``: BACKCHANNEL_WORDS_BY_LANGUAGE,
+    whose words count too while the user speaks that language (``language``). The session keeps
+    ``turn_detection`` and ``replies`` (the session is "realtime", not transcription-only) current,
+    and ``input_heard`` (False while appends it sent are not through the VAD).
     """
 
     @property
@@ -103,8 +159,10 @@ class TurnTaking:
         self._language = language
         self._backchannels = self._english | self._by_language.get(language, frozenset())
 
-    def __init__(self, session, min_speech_ms, backchannel_words, backchannel_prompt=None, by_language=None):
-        self._s = session
+    def __init__(self, session_id, conversation, min_speech_ms, backchannel_words, backchannel_prompt=None,
+                 by_language=None):
+        self._session_id = session_id
+        self._conversation = conversation
         self._min_speech_ms = min_speech_ms
         self._english = frozenset(w for word in backchannel_words for w in words(word))
         self._by_language = {lang: frozenset(w for word in ws for w in words(word))
@@ -112,6 +170,10 @@ class TurnTaking:
         self._backchannels = self._english
         self._prompt = backchannel_prompt
         self.language = None
+        self.turn_detection = None  # the session's audio.input.turn_detection (None: manual turns)
+        self.replies = True  # the session answers turns (type "realtime")
+        self.input_heard = True
+        self.response = None  # the active Response (response_created .. response_ended)
         self.speaking = None  # item id of the user's speech in progress
         self.undecided = {}  # item id -> _Undecided, oldest first
         self._held_output = []  # the reply's events held while speech is undecided
@@ -119,64 +181,61 @@ class TurnTaking:
         self.unanswered = []  # committed user items that no reply has seen yet
         self.playback_end = 0.0  # time.monotonic() when the client will have played the audio sent
         self._speech_end = 0.0  # time.monotonic() of the last speech_stopped
-        self._timer = None
 
     # --- routing ------------------------------------------------------------------------------
 
     def intercept(self, event):
-        """True when a pipeline event is held or consumed here and the session must skip it."""
+        """The decisions for a pipeline event held or consumed here, or None when the session
+        handles it as usual."""
         undecided = self.undecided.get(getattr(event, "item_id", None))
         if undecided is not None:
-            self._undecided_event(undecided, event)
-            return True
+            return self._undecided_event(undecided, event)
         if self.undecided and isinstance(event, _OUTPUT):
             self._held_output.append(event)
-            return True
-        return isinstance(event, m.SpeechPeeked)  # a peek at speech already decided
+            return []
+        return [] if isinstance(event, m.SpeechPeeked) else None  # a peek at speech already decided
 
     # --- user speech --------------------------------------------------------------------------
 
     def speech_started(self, event):
         if self._min_speech_ms and self._assistant_speaking():
             undecided = self.undecided[event.item_id] = _Undecided(event)
-            self._ask_peek(undecided)
-            return
-        self._begin(event)
+            return [self._ask_peek(undecided)]
+        return self._begin(event)
 
     def speech_stopped(self):
         self._speech_end = time.monotonic()
+        return []
 
     def committed(self, item_id):
         if self.speaking == item_id:
             self.speaking = None
         self.untranscribed.add(item_id)
         self.unanswered.append(item_id)
-        self.maybe_respond()
+        return self.maybe_respond()
 
     def transcribed(self, item_id):
         """The item's transcript (or its failure) is in."""
         self.untranscribed.discard(item_id)
-        self.maybe_respond()
+        return self.maybe_respond()
 
     def input_reset(self):
         """The input buffer was cleared, or turn detection switched off: no speech goes on."""
         self.speaking = None
         self.undecided.clear()
-        self._settle()
+        return self.settle()
 
     def _begin(self, event):
         self.speaking = event.item_id
-        self._cancel_timer()
-        self._s.send("input_audio_buffer.speech_started", audio_start_ms=event.audio_start_ms,
-                     item_id=event.item_id)
-        td = self._s.config["audio"]["input"]["turn_detection"]
-        response = self._s.response
+        decisions = [Announce(event)]
+        td, response = self.turn_detection, self.response
         stale = response is not None and response.automatic and not response.output.items
         if response is not None and (stale or (td and td.get("interrupt_response"))):
-            self._s.cancel_response("turn_detected")
+            decisions.append(Cancel("turn_detected"))
+        return decisions
 
     def _assistant_speaking(self):
-        response = self._s.response
+        response = self.response
         return (response is not None and response.output.audio_ms > 0) or time.monotonic() < self.playback_end
 
     # --- speech over the assistant ------------------------------------------------------------
@@ -184,8 +243,7 @@ class TurnTaking:
     def _ask_peek(self, undecided):
         undecided.peeks += 1
         undecided.peek_pending = True
-        self._s.submit(m.PeekInput(undecided.started.item_id, undecided.peeks * self._min_speech_ms,
-                                   self._prompt))
+        return Peek(undecided.started.item_id, undecided.peeks * self._min_speech_ms, self._prompt)
 
     def _undecided_event(self, undecided, event):
         """Speech over the assistant is judged by peeks, one at each INTERRUPT_MIN_SPEECH_MS of
@@ -193,49 +251,47 @@ class TurnTaking:
         it ends with none, it was a backchannel or noise."""
         if isinstance(event, m.SpeechPeeked):
             undecided.peek_pending = False
-            log.info("session %s: speech over the assistant, %d ms voiced, heard %r", self._s.id,
+            log.info("session %s: speech over the assistant, %d ms voiced, heard %r", self._session_id,
                      event.voiced_ms, event.transcript)
             if interrupts(event.transcript, self._backchannels):
-                self._confirm(undecided)
-            elif undecided.ended:
-                self._drop(undecided)
-            elif event.voiced_ms and event.voiced_ms < PEEK_LIMIT_MS:
-                self._ask_peek(undecided)  # still speaking: listen to the next stretch
-            return
+                return self._confirm(undecided)
+            if undecided.ended:
+                return self._drop(undecided)
+            if event.voiced_ms and event.voiced_ms < PEEK_LIMIT_MS:
+                return [self._ask_peek(undecided)]  # still speaking: listen to the next stretch
+            return []
         undecided.held.append(event)
         if isinstance(event, m.Transcribed) and interrupts(event.transcript, self._backchannels):
             # No peek heard words, but the utterance's own transcript (made without the peeks'
             # backchannel prompt) has them: a turn after all. Peeks at "Ask not." heard "S..."
             # and, prompted with hums, "" for the whole of it.
-            self._confirm(undecided)
-        elif isinstance(event, (m.Transcribed, m.TranscriptionFailed)):
+            return self._confirm(undecided)
+        if isinstance(event, (m.Transcribed, m.TranscriptionFailed)):
             undecided.ended = True
             if not undecided.peek_pending:
-                self._drop(undecided)
+                return self._drop(undecided)
+        return []
 
     def _confirm(self, undecided):
-        """A real turn: its events go out as they happened; it interrupts as any speech does."""
+        """A real turn: it interrupts as any speech does, then its events go out as they
+        happened (and then ``settle``)."""
         del self.undecided[undecided.started.item_id]
-        self._begin(undecided.started)
-        for event in undecided.held:
-            self._s.handle_pipeline_event(event)
-        self._settle()
+        return [*self._begin(undecided.started), Release(tuple(undecided.held))]
 
     def _drop(self, undecided):
         """A backchannel or noise: no event, no item, no turn; the reply goes on."""
         del self.undecided[undecided.started.item_id]
-        self._settle()
-        self.maybe_respond()
+        return [*self.settle(), *self.maybe_respond()]
 
-    def _settle(self):
+    def settle(self):
         """Undecided speech that no longer overlaps the assistant is ordinary speech; with none
         left undecided, the held reply events go out in order."""
-        while self.undecided and not self._assistant_speaking():
-            self._confirm(next(iter(self.undecided.values())))
-        if not self.undecided:
-            held, self._held_output = self._held_output, []
-            for event in held:
-                self._s.handle_pipeline_event(event)
+        if self.undecided and not self._assistant_speaking():
+            return self._confirm(next(iter(self.undecided.values())))  # its Release settles again
+        if self.undecided or not self._held_output:
+            return []
+        held, self._held_output = self._held_output, []
+        return [Release(tuple(held))]
 
     # --- the assistant ------------------------------------------------------------------------
 
@@ -249,58 +305,45 @@ class TurnTaking:
 
     def response_created(self, response):
         """Every committed turn so far is in this reply's input."""
+        self.response = response
         response.turns, self.unanswered = self.unanswered, []
 
     def response_ended(self, response, status, reason=None):
         """``status``: the response.done status; ``reason``: a cancellation's reason."""
+        self.response = None
         if status == "cancelled":
             self.playback_end = time.monotonic()  # the client stops playing what it had
         if reason == "turn_detected":
             self.unanswered = response.turns + self.unanswered  # answered by the next reply
-        self._settle()
-        self.maybe_respond()
+        return [*self.settle(), *self.maybe_respond()]
 
     # --- the decision -------------------------------------------------------------------------
 
     def maybe_respond(self):
-        """Start a reply now, or leave it for later (queued), or drop it (nothing to answer)."""
-        self._cancel_timer()
-        if self._s is None:
-            return  # the session has ended
-        config = self._s.config
-        td = config["audio"]["input"]["turn_detection"]
-        if not (td and td.get("create_response") and config["type"] == "realtime"):
+        """Start a reply now (``Start``), or later (``Wait``, ``CatchUp``, or nothing: decided
+        again when the reply ends, the speech ends or the transcript is in), or drop it."""
+        td = self.turn_detection
+        if not (td and td.get("create_response") and self.replies):
             self.unanswered = []
-            return
-        if self._s.response is not None or self.speaking or self.undecided or self.untranscribed:
-            return  # decided again when the reply ends, the speech ends or the transcript is in
-        if self._s.input_pending():  # audio sent but not yet heard may hold more of the turn
-            return  # decided again when the VAD has caught up (InputCaughtUp)
-        said = [item_id for item_id in self.unanswered if self._s.conversation.transcript(item_id)]
+            return []
+        if self.response is not None or self.speaking or self.undecided or self.untranscribed:
+            return []
+        if not self.input_heard:  # audio sent but not yet heard may hold more of the turn
+            return [CatchUp()]
+        said = [item_id for item_id in self.unanswered if self._conversation.transcript(item_id)]
         if not said:
             self.unanswered = []  # silence or noise transcribed as nothing: no reply
-            return
+            return []
         wait = self._unfinished_wait(td, said[-1])
         if wait > 0:
-            self._timer = asyncio.get_running_loop().call_later(wait, self.maybe_respond)
-            return
-        self._s.create_response({}, automatic=True)
+            return [Wait(wait)]
+        return [Start()]
 
     def _unfinished_wait(self, td, item_id):
         """semantic_vad: seconds to wait before answering a turn that ends mid-sentence."""
         if td["type"] != "semantic_vad":
             return 0.0
-        said = words(self._s.conversation.transcript(item_id))
+        said = words(self._conversation.transcript(item_id))
         if not said or said[-1] not in UNFINISHED_WORDS:
             return 0.0
         return effective_silence_ms(td) / 1000 - (time.monotonic() - self._speech_end)
-
-    def _cancel_timer(self):
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def close(self):
-        """The session has ended: no more events come, and the session may be freed at once."""
-        self._cancel_timer()
-        self._s = None  # the session holds this object: without the cycle, it goes by refcount
