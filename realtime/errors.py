@@ -6,7 +6,7 @@ Wire shape (OpenAI Realtime GA)::
      "error": {"type": "invalid_request_error", "code": "...", "message": "...",
                "param": "session.audio.input.format.rate" | None, "event_id": <client's> | None}}
 
-Codes used by this server are listed in ``docs/PROTOCOL.md`` of the repository.
+Every code this server sends is in the README's "Errors" table (a test keeps it complete).
 """
 
 from pool.ids import new_id

@@ -161,3 +161,40 @@ def test_the_protocol_layer_loads_no_model_runtime():
                          timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[]"
+
+
+def codes_in_the_source():
+    """Every error code the apps can send, as written where it is raised or built: the first
+    argument of ProtocolError, Refusal, InputRejected and AudioFormatError, and ``"code": ...``
+    and ``code=...`` literals."""
+    import re
+
+    pattern = re.compile(r"""(?:ProtocolError|Refusal|InputRejected|AudioFormatError)\(\s*(?:f?"[^"]*",\s*)?"([a-z0-9_]+)"|"""
+                         r"""(?:"code":\s*|\bcode=)"([a-z0-9_]+)\"""")
+    found = set()
+    for app in ("pool", "realtime"):
+        for path in (PROJECT_DIR / app).rglob("*.py"):
+            for match in pattern.finditer(path.read_text()):
+                found.add(match.group(1) or match.group(2))
+    return found
+
+
+def test_the_readme_names_every_error_code_the_server_sends():
+    readme = (PROJECT_DIR / "README.md").read_text()
+    table = readme[readme.index("### Errors"):readme.index("### Function calling")]
+    codes = codes_in_the_source()
+    assert {"invalid_json", "server_error", "session_limit_reached", "invalid_base64"} <= codes  # the scan works
+    assert sorted(code for code in codes if f"`{code}`" not in table) == []
+
+
+def test_the_readmes_layout_names_every_module_and_room_of_the_apps():
+    readme = (PROJECT_DIR / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    missing = []
+    for app in ("pool", "realtime"):
+        for path in sorted((PROJECT_DIR / app).iterdir()):
+            if path.suffix == ".py" and path.name != "__init__.py" and f"`{path.name}`" not in layout:
+                missing.append(f"{app}/{path.name}")
+            elif path.is_dir() and (path / "__init__.py").exists() and f"`{path.name}/" not in layout:
+                missing.append(f"{app}/{path.name}/")
+    assert missing == []
