@@ -40,6 +40,10 @@ CLOSE_POLICY_VIOLATION, CLOSE_INTERNAL_ERROR = 1008, 1011
 
 
 class RealtimeConsumer(AsyncWebsocketConsumer):
+    """One WebSocket client: the ``Transport`` of its ``LiveSession`` (``send_event``,
+    ``close_session``). Text frames of JSON in, text frames of JSON out; binary frames are refused
+    (``invalid_frame``) and the session goes on."""
+
     # Sessions never use the channel layer (operator commands go to the process, pool.control).
     # Without this, channels subscribes every consumer to the layer, and a Redis outage would
     # end every session with 1011.
