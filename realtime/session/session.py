@@ -131,8 +131,9 @@ class RealtimeSession:
         if self.response is not None:
             self.response.job.cancelled.set()
         self.stats.update(self.history.close())
-        # The parts it owns send through it: without these references, it goes by refcount.
-        self.response = self.conversation_events = None
+        # The parts it owns (and turn-taking's view of the active response) send through it:
+        # without these references, it goes by refcount.
+        self.response = self.turns.response = self.conversation_events = None
 
     # --- turn-taking's decisions ----------------------------------------------------------
 
