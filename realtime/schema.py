@@ -125,6 +125,8 @@ class ResponseOverrides(TypedDict, total=False):
     temperature: float | None  # beta; ignored
     prompt: dict[str, Any] | None
     tracing: Any
+    reasoning: dict[str, Any] | None
+    parallel_tool_calls: bool
 
 
 class SessionUpdate(_Event):

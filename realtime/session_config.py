@@ -11,7 +11,16 @@ Unknown-field policy: a field that OpenAI's GA session does not have is refused 
 """
 
 import copy
+import typing
 from dataclasses import dataclass
+
+from openai.types.realtime import (
+    RealtimeAudioConfigInputParam,
+    RealtimeAudioConfigOutputParam,
+    RealtimeAudioConfigParam,
+    RealtimeSessionCreateRequestParam,
+)
+from openai.types.realtime.realtime_reasoning_effort import RealtimeReasoningEffort
 
 from pool.backends.voices import voice_language
 from pool.pipeline.messages import TurnDetection
@@ -20,6 +29,7 @@ from realtime.errors import ProtocolError
 
 MAX_INSTRUCTIONS_CHARS = 32_000
 MAX_VOICE_CHARS = 64  # a voice name or id (the history's column holds as much)
+MAX_PROMPT_CHARS = 1000  # a transcription prompt (Whisper reads at most 224 tokens of it)
 MAX_OUTPUT_TOKENS_LIMIT = 4096
 
 SERVER_VAD_DEFAULTS = {
@@ -43,20 +53,19 @@ SEMANTIC_VAD_DEFAULTS = {
 END_OF_TURN_CHECK_MS = 200
 EAGERNESS_SILENCE_MS = {"low": 8000, "medium": 4000, "auto": 4000, "high": 2000}
 
-# Fields of the GA session object (dotted paths of dicts whose keys are fixed).
+# Fields of the GA session object (dotted paths of dicts whose keys are fixed): what the pinned
+# openai SDK can send, read from its types, so a new SDK field is known without a hand-kept list.
+# The server's own session objects also carry "object", "id" and "expires_at", which clients echo.
 _KNOWN_KEYS = {
-    "session": {
-        "type", "object", "id", "model", "output_modalities", "instructions", "tools",
-        "tool_choice", "max_output_tokens", "tracing", "prompt", "include", "truncation",
-        "audio", "expires_at",
-    },
-    "session.audio": {"input", "output"},
-    "session.audio.input": {"format", "transcription", "turn_detection", "noise_reduction"},
-    "session.audio.output": {"format", "voice", "speed"},
+    "session": frozenset(typing.get_type_hints(RealtimeSessionCreateRequestParam)) | {"object", "id", "expires_at"},
+    "session.audio": frozenset(typing.get_type_hints(RealtimeAudioConfigParam)),
+    "session.audio.input": frozenset(typing.get_type_hints(RealtimeAudioConfigInputParam)),
+    "session.audio.output": frozenset(typing.get_type_hints(RealtimeAudioConfigOutputParam)),
 }
+REASONING_EFFORTS = typing.get_args(RealtimeReasoningEffort)  # the SDK's literals
 
 # Beta (preview) session fields -> their GA place; see docs/PROTOCOL.md.
-_BETA_FORMATS = {
+BETA_FORMATS = {
     "pcm16": {"type": "audio/pcm", "rate": PCM_RATE},
     "g711_ulaw": {"type": "audio/pcmu"},
     "g711_alaw": {"type": "audio/pcma"},
@@ -158,7 +167,7 @@ def check_languages(config, speaks):
         raise ProtocolError(
             "unsupported_language", f"This server's speech recognition transcribes {', '.join(heard)} "
             f"only, not {language!r}.", param="session.audio.input.transcription.language")
-    voice = config["audio"]["output"]["voice"]
+    voice = voice_name(config["audio"]["output"]["voice"])
     spoken = voice_language(voice)
     if spoken is not None and spoken not in speaks["voice_languages"]:
         raise ProtocolError(
@@ -186,7 +195,7 @@ def map_beta_fields(update):
             moved = True
 
     def fmt(value):
-        return _BETA_FORMATS.get(value, value) if isinstance(value, str) else value
+        return BETA_FORMATS.get(value, value) if isinstance(value, str) else value
 
     move("modalities", update, "output_modalities", _beta_modalities)
     move("voice", audio_out, "voice")
@@ -284,12 +293,21 @@ def _number(value, param, low, high, integer=False):
 
 
 def _format(fmt, param):
+    validate_format(fmt, f"session.{param}")
+
+
+def validate_format(fmt, param):
+    """An audio format object (``{"type": "audio/pcm", "rate": 24000}``, ``audio/pcmu``,
+    ``audio/pcma``), normalised in place (the rate set, or dropped where it has none). Raises
+    ProtocolError naming ``param``."""
     if not isinstance(fmt, dict) or fmt.get("type") not in FORMAT_TYPES:
-        _fail(param, f"'{param}' must be an object whose type is one of {', '.join(FORMAT_TYPES)}.")
+        raise ProtocolError("invalid_value", f"'{param}' must be an object whose type is one of "
+                            f"{', '.join(FORMAT_TYPES)}.", param=param)
     if fmt["type"] == "audio/pcm":
         rate = fmt.setdefault("rate", PCM_RATE)
         if rate != PCM_RATE:
-            _fail(f"{param}.rate", f"audio/pcm supports only rate {PCM_RATE}, got {rate!r}.")
+            raise ProtocolError("invalid_value", f"audio/pcm supports only rate {PCM_RATE}, got {rate!r}.",
+                                param=f"{param}.rate")
     else:
         fmt.pop("rate", None)
 
@@ -310,20 +328,72 @@ def validate(session):
         _fail("instructions", f"'instructions' is limited to {MAX_INSTRUCTIONS_CHARS} characters.")
     validate_max_output_tokens(session.get("max_output_tokens"), "session.max_output_tokens")
     validate_tools(session.get("tools"), session.get("tool_choice"), "session")
+    validate_reasoning(session.get("reasoning"), "session.reasoning")
+    if not isinstance(session.get("parallel_tool_calls", True), bool):
+        _fail("parallel_tool_calls", "'parallel_tool_calls' must be a boolean.", "invalid_type")
 
     audio_in, audio_out = session["audio"]["input"], session["audio"]["output"]
     _format(audio_in.get("format"), "audio.input.format")
     _format(audio_out.get("format"), "audio.output.format")
-    transcription = audio_in.get("transcription")
-    if transcription is not None and not isinstance(transcription, dict):
-        _fail("audio.input.transcription", "transcription must be an object or null.", "invalid_type")
-    voice = audio_out.get("voice")
-    if not isinstance(voice, str) or not voice.strip():
-        _fail("audio.output.voice", "'voice' must be a non-empty string.", "invalid_type")
-    if len(voice) > MAX_VOICE_CHARS:
-        _fail("audio.output.voice", f"'voice' is limited to {MAX_VOICE_CHARS} characters.")
+    _validate_transcription(audio_in.get("transcription"))
+    validate_voice(audio_out.get("voice"), "session.audio.output.voice")
     _number(audio_out.get("speed"), "audio.output.speed", 0.25, 1.5)
     _validate_turn_detection(audio_in.get("turn_detection"))
+
+
+def _validate_transcription(transcription):
+    param = "audio.input.transcription"
+    if transcription is None:
+        return
+    if not isinstance(transcription, dict):
+        _fail(param, "transcription must be an object or null.", "invalid_type")
+    prompt = transcription.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        _fail(f"{param}.prompt", "'prompt' must be a string.", "invalid_type")
+    if prompt is not None and len(prompt) > MAX_PROMPT_CHARS:
+        _fail(f"{param}.prompt", f"'prompt' is limited to {MAX_PROMPT_CHARS} characters.")
+    keywords = transcription.get("keywords")
+    if keywords is not None and not (isinstance(keywords, list) and all(isinstance(k, str) for k in keywords)):
+        _fail(f"{param}.keywords", "'keywords' must be a list of strings.", "invalid_type")
+    if keywords is not None and len(", ".join(keywords)) > MAX_PROMPT_CHARS:
+        _fail(f"{param}.keywords", f"'keywords' are limited to {MAX_PROMPT_CHARS} characters in all.")
+
+
+def stt_prompt(transcription):
+    """The STT's initial prompt for a session's turns: its transcription ``prompt``, then its
+    ``keywords`` (comma-separated), or None. Whisper reads it as text that came before the turn,
+    so it biases spelling ("ComfyUI", not "comfy UI")."""
+    transcription = transcription or {}
+    parts = [transcription.get("prompt") or "", ", ".join(transcription.get("keywords") or [])]
+    return " ".join(part for part in parts if part) or None
+
+
+def validate_voice(voice, param):
+    """A voice: a name (OpenAI's, or a Kokoro voice), or ``{"id": name}`` (the SDK's custom voice
+    reference, resolved as a name: one that names nothing speaks the default voice). Raises
+    ProtocolError."""
+    name = voice.get("id") if isinstance(voice, dict) and set(voice) == {"id"} else voice
+    if not isinstance(name, str) or not name.strip():
+        raise ProtocolError("invalid_type", "'voice' must be a non-empty string or {\"id\": string}.", param=param)
+    if len(name) > MAX_VOICE_CHARS:
+        raise ProtocolError("invalid_value", f"'voice' is limited to {MAX_VOICE_CHARS} characters.", param=param)
+
+
+def voice_name(voice):
+    """The name of a valid voice (``validate_voice``): ``"alloy"`` for ``"alloy"`` or ``{"id": "alloy"}``."""
+    return voice["id"] if isinstance(voice, dict) else voice
+
+
+def validate_reasoning(reasoning, param):
+    """``reasoning``: None or ``{"effort": one of REASONING_EFFORTS}``. Raises ProtocolError."""
+    if reasoning is None:
+        return
+    if not isinstance(reasoning, dict) or not set(reasoning) <= {"effort"}:
+        raise ProtocolError("invalid_type", "'reasoning' must be an object with at most 'effort'.", param=param)
+    effort = reasoning.get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise ProtocolError("invalid_value", f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}.",
+                            param=f"{param}.effort")
 
 
 def _validate_turn_detection(td):

@@ -127,6 +127,30 @@ async def test_a_language_whisper_tiny_en_cannot_hear_is_an_error_and_the_sessio
         assert updated.session.audio.input.transcription.language == "en"
 
 
+async def test_this_years_session_fields_through_the_sdk_and_a_prompt_that_spells_a_name(server):
+    """What an app sets through today's SDK is accepted and acted on: reasoning and
+    parallel_tool_calls (kept; local models ignore them), a custom voice id (the default voice
+    speaks), and a transcription prompt, which makes Whisper spell "ComfyUI" as the prompt does
+    ("comfy UI" without it)."""
+    async def converse(transcription):
+        events = []
+        session = {"type": "realtime", "reasoning": {"effort": "low"}, "parallel_tool_calls": False,
+                   "audio": {"input": {"transcription": transcription}, "output": {"voice": {"id": "voice_1234"}}}}
+        await _wait_idle(server.port)
+        result = await talk(server.base_url, HOTWORDS, session=session, timeout_s=180,
+                            on_event=lambda e: events.append(e.to_dict()))
+        return result, events
+
+    plain, _ = await converse({"model": "whisper-1"})
+    prompted, events = await converse({"model": "whisper-1", "prompt": "The ComfyUI folder."})
+    updated = next(e["session"] for e in events if e["type"] == "session.updated")
+    assert updated["reasoning"] == {"effort": "low"} and updated["parallel_tool_calls"] is False
+    assert updated["audio"]["output"]["voice"] == {"id": "voice_1234"}
+    assert [e for e in events if e["type"] == "error"] == []
+    assert "ComfyUI" in prompted.user_transcript and "ComfyUI" not in plain.user_transcript
+    assert prompted.status == "completed" and len(prompted.audio) > 0  # the default voice spoke
+
+
 async def test_disconnect_mid_audio_and_reconnect_at_once_gets_a_clean_unit(server):
     from openai import AsyncOpenAI
 

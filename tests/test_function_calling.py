@@ -161,3 +161,36 @@ def test_tool_call_catcher_for_models_without_native_tools(pieces, spoken, calls
         catcher.text(piece)
     catcher.finish()
     assert "".join(said) == "".join(spoken) and called == calls
+
+
+async def test_reasoning_and_parallel_tool_calls_reach_an_openai_compatible_endpoint(
+        chat_server, settings, transactional_db):
+    from s2s_project.asgi import application
+
+    settings.S2S = {"BACKEND": "scripted", "ALLOW_ANONYMOUS": True}
+    vad = SileroVAD(default_paths("/nonexistent")["vad"])
+    registry = PoolRegistry(Backends(vad, ScriptedSTT(), OpenAICompatibleLLM(chat_server, "", "m"),
+                                     ScriptedTTS()), 1, 1.0, NoRecords())
+    previous = set_registry(registry)
+    try:
+        communicator = WebsocketCommunicator(application, "/v1/realtime")
+        assert (await communicator.connect())[0]
+        client = Client(communicator)
+        await client.until("session.created")
+        await client.send({"type": "session.update", "session": {
+            "tools": [WEATHER], "output_modalities": ["text"], "reasoning": {"effort": "low"},
+            "parallel_tool_calls": False}})
+        updated = await client.until("session.updated")
+        assert updated["session"]["reasoning"] == {"effort": "low"} and updated["session"]["parallel_tool_calls"] is False
+        await ask(client, "Weather in Paris?")
+        sent = ScriptedChatCompletions.requests[-1]
+        assert (sent["reasoning_effort"], sent["parallel_tool_calls"]) == ("low", False)
+        await client.send({"type": "response.create", "response": {"reasoning": {"effort": "high"}, "tools": []}})
+        await client.until("response.done")
+        sent = ScriptedChatCompletions.requests[-1]
+        assert sent["reasoning_effort"] == "high" and "parallel_tool_calls" not in sent  # no tools offered
+        assert "error" not in client.types()
+        await communicator.disconnect()
+    finally:
+        registry.shutdown()
+        set_registry(previous)

@@ -91,6 +91,9 @@ class LLMRequest:
 
     ``prefix``: the start of the assistant's reply, already generated, to continue (only for
     backends whose ``resumes`` is true; the LLM stage pauses them by stopping and resuming).
+    ``reasoning_effort`` (the session's ``reasoning.effort``) and ``parallel_tool_calls``: for
+    backends that have them (an OpenAI-compatible endpoint); None: the backend's default. Local
+    models think as they were trained and make one call at a time.
     """
 
     messages: list
@@ -98,6 +101,8 @@ class LLMRequest:
     tools: list = field(default_factory=list)
     tool_choice: object = "auto"
     prefix: str = ""
+    reasoning_effort: str | None = None
+    parallel_tool_calls: bool | None = None
 
     def offered_tools(self):
         """The tools the model may call under ``tool_choice`` (none, all, or the named one)."""

@@ -264,7 +264,9 @@ class OpenAICompatibleLLM:
     """Chat completions from a server that speaks OpenAI's API (vLLM, llama.cpp, Ollama).
 
     ``base_url`` like ``http://127.0.0.1:11434/v1``; ``model`` the server's model name. Tools are
-    passed as chat-completions function tools; streamed tool calls are assembled by index.
+    passed as chat-completions function tools; streamed tool calls are assembled by index. A
+    session's ``reasoning.effort`` goes as ``reasoning_effort``, its ``parallel_tool_calls`` as
+    is (with tools only), when set.
     """
 
     resumes = False  # not every such server continues a final assistant message
@@ -285,6 +287,10 @@ class OpenAICompatibleLLM:
             choice = request.tool_choice
             extra["tool_choice"] = ({"type": "function", "function": {"name": choice["name"]}}
                                     if isinstance(choice, dict) else choice)
+            if request.parallel_tool_calls is not None:
+                extra["parallel_tool_calls"] = request.parallel_tool_calls
+        if request.reasoning_effort is not None:
+            extra["reasoning_effort"] = request.reasoning_effort
         stream = self.client.chat.completions.create(
             model=self.model, messages=request.messages, stream=True,
             max_tokens=request.max_output_tokens, stream_options={"include_usage": True}, **extra,

@@ -26,7 +26,9 @@ class Script:
     def reset(self):
         self.transcript = "hello from the scripted backend"
         self.language = "en"  # the language the STT "detects" when the session sets none
-        self.stt_languages = []  # the language the STT was asked for, each call (None: detect)
+        self.stt_languages = []  # the language the STT was asked for, each turn (None: detect)
+        self.stt_prompts = []  # the prompt the STT was given, each turn
+        self.tts_voices = []  # the voice of each phrase synthesized
         self.peek_transcript = None  # what peeks at speech over the assistant hear (None: transcript)
         self.reply = "This is a scripted reply. It has two sentences."
         self.token_delay = 0.0  # seconds between LLM words
@@ -48,14 +50,22 @@ class ScriptedSTT:
     name = "scripted-stt"
 
     def transcribe_detect(self, audio, language=None, prompt=None):
+        """A turn (the STT stage's Transcribe and Speculate)."""
         SCRIPT.stt_languages.append(language)
-        return self.transcribe(audio, language, prompt), language or SCRIPT.language
+        SCRIPT.stt_prompts.append(prompt)
+        return self._turn(audio), language or SCRIPT.language
 
     def transcribe(self, audio, language=None, prompt=None):
+        """A peek at speech over the assistant (``realtime.session.turns``), with its own prompt."""
+        if prompt is not None and SCRIPT.peek_transcript is not None:
+            if SCRIPT.stt_error is not None:
+                raise SCRIPT.stt_error
+            return SCRIPT.peek_transcript
+        return self._turn(audio)
+
+    def _turn(self, audio):
         if SCRIPT.stt_error is not None:
             raise SCRIPT.stt_error
-        if prompt is not None and SCRIPT.peek_transcript is not None:  # a peek (realtime.session.turns)
-            return SCRIPT.peek_transcript
         if callable(SCRIPT.transcript):
             return SCRIPT.transcript(audio)
         return SCRIPT.transcript
@@ -102,6 +112,7 @@ class ScriptedTTS:
         return resolve_voice(name, self.voices)
 
     def synthesize(self, text, voice, speed=1.0):
+        SCRIPT.tts_voices.append(voice)
         if SCRIPT.tts_error is not None:
             raise SCRIPT.tts_error
         seconds = len(text) * SCRIPT.seconds_per_char / speed

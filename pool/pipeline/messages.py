@@ -69,11 +69,13 @@ class TurnDetection:
 @dataclass
 class ConfigureInput(UnitInput):
     """Input settings. ``decoder``: has ``decode(bytes) -> float32 @ 16 kHz``; ``turn_detection``:
-    a ``TurnDetection``, or None for manual turns."""
+    a ``TurnDetection``, or None for manual turns; ``language``: ISO 639-1 or None (detect);
+    ``prompt``: the STT's initial prompt for the session's turns, or None."""
 
     decoder: object
     turn_detection: TurnDetection | None
     language: str | None
+    prompt: str | None = None
 
 
 @dataclass
@@ -167,6 +169,7 @@ class Transcribe(StageWork):
     audio: object  # float32 @ 16 kHz
     language: str | None
     speculated_samples: int | None = None
+    prompt: str | None = None  # the session's STT prompt (ConfigureInput)
 
 
 @dataclass
@@ -177,6 +180,7 @@ class Speculate(StageWork):
     item_id: str
     audio: object  # float32 @ 16 kHz
     language: str | None
+    prompt: str | None = None  # the session's STT prompt (ConfigureInput)
 
 
 @dataclass

@@ -5,6 +5,8 @@ The life cycle (created -> output items -> ``response.done``) is driven by
 ``realtime.session.RealtimeSession``; when a reply starts is decided by ``realtime.session.turns``.
 """
 
+import copy
+
 from pool.backends.voices import LANGUAGES
 from realtime import session_config as sc
 from realtime.errors import ProtocolError
@@ -71,6 +73,11 @@ def response_params(config, overrides, resolve_item, max_tokens_cap):
     if conversation not in ("auto", "none"):
         raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'.",
                             param="response.conversation")
+    reasoning = overrides.get("reasoning", config.get("reasoning"))
+    sc.validate_reasoning(reasoning, "response.reasoning")
+    audio_out = {**config["audio"]["output"], **_audio_output_overrides(overrides)}
+    sc.validate_voice(audio_out["voice"], "response.audio.output.voice")
+    sc.validate_format(audio_out["format"], "response.audio.output.format")
     input_items = overrides.get("input")
     if input_items is not None:
         input_items = [resolve_item(entry["id"]) if entry.get("type") == "item_reference" else normalise_item(entry)
@@ -84,5 +91,22 @@ def response_params(config, overrides, resolve_item, max_tokens_cap):
         "conversation": conversation == "auto",
         "metadata": overrides.get("metadata"),
         "input": input_items,
+        "reasoning_effort": (reasoning or {}).get("effort"),
+        "parallel_tool_calls": overrides.get("parallel_tool_calls", config.get("parallel_tool_calls")),
+        "voice": sc.voice_name(audio_out["voice"]),
+        "format": audio_out["format"],
     }
+
+
+def _audio_output_overrides(overrides):
+    """``response.create``'s own ``audio.output`` voice and format (or the beta ``voice`` and
+    ``output_audio_format``): for this response only."""
+    audio = overrides.get("audio") or {}
+    output = dict(audio.get("output") or {}) if isinstance(audio, dict) else {}
+    if "voice" in overrides:
+        output.setdefault("voice", overrides["voice"])
+    if "output_audio_format" in overrides:
+        fmt = overrides["output_audio_format"]
+        output.setdefault("format", sc.BETA_FORMATS.get(fmt, fmt) if isinstance(fmt, str) else fmt)
+    return {key: copy.deepcopy(value) for key, value in output.items() if key in ("voice", "format")}
 

@@ -293,7 +293,8 @@ class RealtimeSession:
         language = (audio_in["transcription"] or {}).get("language")
         self.turns.turn_detection = audio_in["turn_detection"]
         self.turns.replies = self.config["type"] == "realtime"  # not a transcription session
-        self.submit(m.ConfigureInput(self._decoder, sc.vad_settings(audio_in["turn_detection"]), language))
+        self.submit(m.ConfigureInput(self._decoder, sc.vad_settings(audio_in["turn_detection"]), language,
+                                     sc.stt_prompt(audio_in["transcription"])))
 
     # --- responses -------------------------------------------------------------------------
 
@@ -312,13 +313,14 @@ class RealtimeSession:
         language = self._turn_language if len(self._speaks["transcription_languages"]) > 1 else None
         messages = self.conversation.llm_messages(with_reply_language(params["instructions"], language),
                                                   params["input"], self.config["truncation"], self._context_chars)
-        request = LLMRequest(messages, params["max_tokens"], params["tools"], params["tool_choice"])
-        audio_out = self.config["audio"]["output"]
-        voice = audio_out["voice"] if language is None else voice_for_language(
-            audio_out["voice"], language, self._speaks["voices"])
+        request = LLMRequest(messages, params["max_tokens"], params["tools"], params["tool_choice"],
+                             reasoning_effort=params["reasoning_effort"],
+                             parallel_tool_calls=params["parallel_tool_calls"])
+        voice = params["voice"] if language is None else voice_for_language(
+            params["voice"], language, self._speaks["voices"])
         # The marks of the voice turn it answers travel with it (the next turn may start).
         job = m.ResponseJob(response_id, request, params["modality"], voice,
-                            audio_out["speed"], OutputAudioEncoder(audio_out["format"]),
+                            self.config["audio"]["output"]["speed"], OutputAudioEncoder(params["format"]),
                             marks=self._turn_marks)
         output = ResponseOutput(response_id, params["modality"], params["conversation"], voice, self.send,
                                 self.conversation, self.history)

@@ -24,12 +24,12 @@ class STTStage(Stage):
         self._speculation = None
 
     def _transcribe(self, msg):
-        """``(transcript, language)`` of ``msg.audio``. An STT backend without
-        ``transcribe_detect`` (one written before it) hears the session's language, or None."""
+        """``(transcript, language)`` of ``msg.audio``, with the session's prompt. An STT backend
+        without ``transcribe_detect`` (one written before it) hears the session's language, or None."""
         detect = getattr(self._stt, "transcribe_detect", None)
         if detect is None:
-            return self._stt.transcribe(msg.audio, msg.language), msg.language
-        return detect(msg.audio, msg.language)
+            return self._stt.transcribe(msg.audio, msg.language, prompt=msg.prompt), msg.language
+        return detect(msg.audio, msg.language, prompt=msg.prompt)
 
     def handle(self, ctx, msg):
         if isinstance(msg, m.Peek):

@@ -47,6 +47,7 @@ class _Input:
     decoder: object = None  # has decode(audio_b64) -> float32 @ 16 kHz (realtime.audio)
     turn_detection: m.TurnDetection | None = None  # None: manual turns
     language: str | None = None
+    prompt: str | None = None  # the STT's initial prompt for this session's turns
     pending: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # not yet a window
     buffer: list = field(default_factory=list)  # windows since the last commit (manual turns, or speech)
     prefix: collections.deque = field(default_factory=collections.deque)  # windows before speech (padding)
@@ -84,6 +85,7 @@ class VADStage(Stage):
         state = self._in
         if isinstance(msg, m.ConfigureInput):
             state.decoder, state.language, state.turn_detection = msg.decoder, msg.language, msg.turn_detection
+            state.prompt = msg.prompt
             if msg.turn_detection is None:
                 state.speech = None  # switching to manual turns keeps the buffered audio
         elif isinstance(msg, m.AppendInput):
@@ -180,7 +182,7 @@ class VADStage(Stage):
             return
         audio = self._in.audio()
         speech.speculated = len(audio)
-        self._stt_inbox.put((ctx, m.Speculate(speech.item_id, audio, self._in.language)))
+        self._stt_inbox.put((ctx, m.Speculate(speech.item_id, audio, self._in.language, self._in.prompt)))
 
     def _finished_early(self, td):
         """semantic_vad: at the first ``check_ms`` of a pause, the end-of-turn model decides."""
@@ -232,4 +234,5 @@ class VADStage(Stage):
         state.buffer, state.pending, state.speech = [], state.pending[:0], None
         state.prefix.clear()
         ctx.emit(m.InputCommitted(item_id, _ms(len(audio)), event_id))
-        self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, state.language, speech.speculated if speech else None)))
+        self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, state.language, speech.speculated if speech else None,
+                                               state.prompt)))
