@@ -312,3 +312,22 @@ async def test_speech_appends_still_answer_one_clean_utterance(connect):
     assert done["response"]["status"] == "completed"
     await client.ws.disconnect()
 
+
+
+async def test_idle_timeout_commits_the_silence_and_the_assistant_answers(connect):
+    """server_vad's idle_timeout_ms: no speech for that long (here from when it was set) and the
+    server says so (timeout_triggered), commits the silent buffer and answers it."""
+    SCRIPT.transcript = ""  # silence: no words, answered all the same
+    client = await session(connect, type="server_vad", idle_timeout_ms=5000)
+    sender = asyncio.create_task(stream(client, silence(8.0)))
+    triggered = await client.until("input_audio_buffer.timeout_triggered", timeout=15)
+    committed = await client.until("input_audio_buffer.committed", timeout=5)
+    done = await client.until("response.done", timeout=15)
+    sender.cancel()
+    assert committed["item_id"] == triggered["item_id"]
+    # The silent segment is about the timeout, ending where the input is: about 5 s streamed.
+    assert 4500 <= triggered["audio_end_ms"] - triggered["audio_start_ms"] <= 5000
+    assert 4500 <= triggered["audio_end_ms"] <= 6500
+    assert done["response"]["status"] == "completed"
+    assert "input_audio_buffer.speech_started" not in client.types()
+    await client.ws.disconnect()

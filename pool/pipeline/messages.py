@@ -96,6 +96,14 @@ class ClearInput(UnitInput):
 
 
 @dataclass
+class TimeoutInput(UnitInput):
+    """server_vad's idle timeout ran out (``idle_ms``): unless speech has begun, commit the silent
+    buffer as a user turn. Always answered by one InputTimedOut."""
+
+    idle_ms: int
+
+
+@dataclass
 class CatchUpInput(UnitInput):
     """Asks the VAD stage to say when it has heard the first ``appends`` AppendInputs of the
     session: answered by InputCaughtUp once every append queued before this one is through."""
@@ -249,6 +257,17 @@ class InputCommitted(UnitEvent):
 @dataclass
 class InputCleared(UnitEvent):
     event_id: str | None = None
+
+
+@dataclass
+class InputTimedOut(UnitEvent):
+    """The answer to a TimeoutInput: the item the silence is committed as (an InputCommitted
+    follows), and the silent segment (``audio_start_ms`` .. ``audio_end_ms`` of the input); or
+    ``item_id`` None when speech had begun and nothing was committed."""
+
+    item_id: str | None
+    audio_start_ms: int = 0
+    audio_end_ms: int = 0
 
 
 @dataclass

@@ -76,6 +76,7 @@ class RealtimeSession:
                                 defaults.backchannel_words, defaults.backchannel_prompt,
                                 defaults.backchannel_words_by_language)
         self._turn_timer = None  # a turns.Wait in progress
+        self._idle_timer = None  # server_vad's idle timeout (turns.idle_wait)
         self._turn_language = None  # of the latest user turn: the next reply's language
         self.response = None  # the active Response
         # The session row's counters (pool.models.Session), reported when the session ends.
@@ -128,6 +129,8 @@ class RealtimeSession:
         """The client is gone: stop the active response's generation and speech now, and close
         the history (its summary joins ``stats``)."""
         self._cancel_turn_timer()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         if self.response is not None:
             self.response.job.cancelled.set()
         self.stats.update(self.history.close())
@@ -160,6 +163,27 @@ class RealtimeSession:
                 self._turn_timer = asyncio.get_running_loop().call_later(decision.seconds, self._decide_again)
             elif isinstance(decision, turns.CatchUp):
                 self._ask_catch_up()
+        self._arm_idle_timer()
+
+    def _arm_idle_timer(self):
+        """(Re)start server_vad's idle timeout where turn-taking says it runs, or stop it."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        wait = self.turns.idle_wait()
+        if wait is not None:
+            self._idle_timer = asyncio.get_running_loop().call_later(max(wait, 0.0), self._idle_timeout)
+
+    def _idle_timeout(self):
+        """No speech for ``idle_timeout_ms``: the VAD commits the silence (``InputTimedOut``)."""
+        self._idle_timer = None
+        wait = self.turns.idle_wait()
+        if wait is None or wait > 0.01:
+            self._arm_idle_timer()  # something happened meanwhile
+            return
+        td = self.config["audio"]["input"]["turn_detection"]
+        if self._port.submit(m.TimeoutInput(td["idle_timeout_ms"])):
+            self.turns.timing_out = True
 
     def _decide_again(self):
         """Turn-taking's ``maybe_respond`` once more (after a Wait, or once the input has room)."""
@@ -219,6 +243,7 @@ class RealtimeSession:
         self._configure_input()
         if self.config["audio"]["input"]["turn_detection"] is None:
             self._carry_out(self.turns.input_reset())  # manual turns: the VAD no longer ends speech
+        self._arm_idle_timer()
 
     def _on_input_audio_buffer_append(self, event):
         audio = event["audio"]
@@ -291,8 +316,7 @@ class RealtimeSession:
             self._input_format = copy.deepcopy(audio_in["format"])
             self._decoder = InputAudioDecoder(self._input_format)
         language = (audio_in["transcription"] or {}).get("language")
-        self.turns.turn_detection = audio_in["turn_detection"]
-        self.turns.replies = self.config["type"] == "realtime"  # not a transcription session
+        self.turns.configure(audio_in["turn_detection"], self.config["type"] == "realtime")
         self.submit(m.ConfigureInput(self._decoder, sc.vad_settings(audio_in["turn_detection"]), language,
                                      sc.stt_prompt(audio_in["transcription"])))
 
@@ -334,6 +358,7 @@ class RealtimeSession:
         self.history.opened(response_id)
         self.stats["responses"] += 1
         self.turns.response_created(response)
+        self._arm_idle_timer()  # none runs while a reply is under way
         self.send("response.created", response=response.body("in_progress"))
 
     def cancel_response(self, reason):
@@ -396,6 +421,13 @@ class RealtimeSession:
         self.conversation_events.insert(item)
         self.history.committed(item)
         self._carry_out(self.turns.committed(event.item_id))
+
+    def _on_input_timed_out(self, event):
+        self.turns.timed_out(event.item_id)
+        if event.item_id is not None:
+            self.send("input_audio_buffer.timeout_triggered", audio_start_ms=event.audio_start_ms,
+                      audio_end_ms=event.audio_end_ms, item_id=event.item_id)
+        self._arm_idle_timer()
 
     def _on_input_caught_up(self, event):
         self._appends_heard = max(self._appends_heard, event.appends)

@@ -181,6 +181,9 @@ class TurnTaking:
         self.unanswered = []  # committed user items that no reply has seen yet
         self.playback_end = 0.0  # time.monotonic() when the client will have played the audio sent
         self._speech_end = 0.0  # time.monotonic() of the last speech_stopped
+        self._idle_from = time.monotonic()  # when the idle timeout was last (re)configured
+        self.timing_out = False  # the session asked the VAD to commit the silence (TimeoutInput)
+        self._prompted = set()  # items committed by the idle timeout: answered whatever they hold
 
     # --- routing ------------------------------------------------------------------------------
 
@@ -218,6 +221,35 @@ class TurnTaking:
         """The item's transcript (or its failure) is in."""
         self.untranscribed.discard(item_id)
         return self.maybe_respond()
+
+    def configure(self, turn_detection, replies):
+        """The session's ``turn_detection`` and whether it answers turns (type "realtime"). A new
+        idle timeout counts from now."""
+        if (turn_detection or {}).get("idle_timeout_ms") != (self.turn_detection or {}).get("idle_timeout_ms"):
+            self._idle_from = time.monotonic()
+        self.turn_detection, self.replies = turn_detection, replies
+
+    def idle_wait(self):
+        """Seconds until server_vad's ``idle_timeout_ms`` runs out, or None when none runs (not
+        set, or the user is speaking, or a reply or a turn is under way). It counts from when the
+        assistant's audio has played at the client's real-time pace, or from the last speech, or
+        from when it was set, whichever is latest (OpenAI's rule)."""
+        td = self.turn_detection or {}
+        idle_ms = td.get("idle_timeout_ms") if td.get("type") == "server_vad" else None
+        if (not idle_ms or not self.replies or self.timing_out or self.response is not None or self.speaking
+                or self.undecided or self.untranscribed):
+            return None
+        since = max(self.playback_end, self._speech_end, self._idle_from)
+        return since + idle_ms / 1000 - time.monotonic()
+
+    def timed_out(self, item_id):
+        """The idle timeout committed ``item_id`` (None: speech had begun): it is answered, even
+        if it holds no words."""
+        self.timing_out = False
+        if item_id is None:
+            self._idle_from = time.monotonic()
+        else:
+            self._prompted.add(item_id)
 
     def input_reset(self):
         """The input buffer was cleared, or turn detection switched off: no speech goes on."""
@@ -330,7 +362,8 @@ class TurnTaking:
             return []
         if not self.input_heard:  # audio sent but not yet heard may hold more of the turn
             return [CatchUp()]
-        said = [item_id for item_id in self.unanswered if self._conversation.transcript(item_id)]
+        said = [item_id for item_id in self.unanswered
+                if self._conversation.transcript(item_id) or item_id in self._prompted]
         if not said:
             self.unanswered = []  # silence or noise transcribed as nothing: no reply
             return []

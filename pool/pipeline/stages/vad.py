@@ -90,6 +90,8 @@ class VADStage(Stage):
                 state.speech = None  # switching to manual turns keeps the buffered audio
         elif isinstance(msg, m.AppendInput):
             self._append(ctx, msg)
+        elif isinstance(msg, m.TimeoutInput):
+            self._timeout(ctx, msg.idle_ms)
         elif isinstance(msg, m.CatchUpInput):  # the inbox is FIFO: every earlier append is heard
             ctx.emit(m.InputCaughtUp(msg.appends))
         elif isinstance(msg, m.CommitInput):
@@ -215,10 +217,24 @@ class VADStage(Stage):
                                              _ms(voiced))))
             speech.peek = None
 
-    def _commit(self, ctx, event_id, item_id):
+    def _timeout(self, ctx, idle_ms):
+        """server_vad's idle timeout: no speech has begun, so the silence buffered (the prefix
+        padding, at least one window) is committed as the user's turn; the session answers it."""
+        state = self._in
+        if state.speech is not None or state.turn_detection is None:
+            ctx.emit(m.InputTimedOut(None))
+            return
+        end_ms = _ms(state.samples_seen + len(state.pending))
+        item_id = new_id("item")
+        ctx.emit(m.InputTimedOut(item_id, max(0, end_ms - idle_ms), end_ms))
+        state.buffer = list(state.prefix) or [np.zeros(VAD_WINDOW_SAMPLES, dtype=np.float32)]
+        state.prefix.clear()
+        self._commit(ctx, None, item_id, minimum_ms=0)
+
+    def _commit(self, ctx, event_id, item_id, minimum_ms=MIN_COMMIT_MS):
         state, speech = self._in, self._in.speech
         audio = state.audio(pending=True)
-        if _ms(len(audio)) < MIN_COMMIT_MS:
+        if _ms(len(audio)) < minimum_ms:
             ctx.emit(m.InputRejected(
                 "input_audio_buffer_commit_empty",
                 f"Error committing input audio buffer: buffer too small. Expected at least "
