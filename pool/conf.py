@@ -145,6 +145,9 @@ DEFAULTS = {
         "of plain spoken English."
     ),
     "DEFAULT_VOICE": "alloy",
+    # input_image parts: data: URLs always; http(s) image URLs only of these hosts (the LLM
+    # endpoint would fetch them, so a client cannot make it fetch arbitrary URLs). Default: none.
+    "IMAGE_URL_HOSTS": [],
     # Session history (the admin's session page): at most this many records (items, errors,
     # responses) are kept per session; past it they are only counted.
     "HISTORY_MAX_ITEMS": 2000,

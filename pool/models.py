@@ -207,9 +207,9 @@ class ConversationItem(models.Model):
     admin's timeline and the JSON export. Written by the recorder when the item is final: a user
     turn once transcribed, an assistant message once spoken (cut where it was interrupted)."""
 
-    MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR = (
-        "message", "function_call", "function_call_output", "error")
-    KINDS = [(k, k.replace("_", " ")) for k in (MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR)]
+    MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR, NOTICE = (
+        "message", "function_call", "function_call_output", "error", "notice")
+    KINDS = [(k, k.replace("_", " ")) for k in (MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR, NOTICE)]
 
     session = models.ForeignKey(Session, to_field="session_id", on_delete=models.CASCADE, related_name="items")
     item_id = models.CharField(max_length=64, help_text="The item's id (an error's event id).")

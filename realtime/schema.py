@@ -44,7 +44,14 @@ class AudioPart(TypedDict):
     transcript: NotRequired[str | None]
 
 
-ContentPart = Annotated[TextPart | AudioPart, Discriminator("type")]
+@with_config(STRICT)
+class ImagePart(TypedDict):
+    type: Literal["input_image"]
+    image_url: NotRequired[str | None]  # a data: URL, or http(s) of an IMAGE_URL_HOSTS host
+    detail: NotRequired[Literal["auto", "low", "high"] | None]
+
+
+ContentPart = Annotated[TextPart | AudioPart | ImagePart, Discriminator("type")]
 
 
 @with_config(STRICT)

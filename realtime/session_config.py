@@ -115,7 +115,7 @@ class SessionDefaults:
     ``speaks``: ``PoolRegistry.speaks`` (the loaded models' languages, voices and STT name);
     ``max_output_tokens``: the cap of every response; ``context_chars``: the LLM context budget
     (characters); ``turn_detection``: "server_vad" or "semantic_vad"; the rest as the settings of
-    the same names (INTERRUPT_MIN_SPEECH_MS, BACKCHANNEL_*, HISTORY_MAX_ITEMS).
+    the same names (INTERRUPT_MIN_SPEECH_MS, BACKCHANNEL_*, HISTORY_MAX_ITEMS, IMAGE_URL_HOSTS).
     """
 
     model: str
@@ -130,6 +130,7 @@ class SessionDefaults:
     backchannel_prompt: str | None
     backchannel_words_by_language: dict
     history_max_items: int
+    image_url_hosts: tuple = ()
 
     def session(self, session_id):
         """A new session's configuration (``default_session``)."""
@@ -153,6 +154,7 @@ def session_defaults(config, speaks, model="s2s-default"):
         backchannel_prompt=config["BACKCHANNEL_PROMPT"],
         backchannel_words_by_language=config["BACKCHANNEL_WORDS_BY_LANGUAGE"],
         history_max_items=config["HISTORY_MAX_ITEMS"],
+        image_url_hosts=tuple(config["IMAGE_URL_HOSTS"]),
     )
 
 

@@ -140,3 +140,13 @@ async def refused_with(client):
     assert error["type"] == "error"
     assert await client.ws.receive_output(2) == {"type": "websocket.close", "code": 1008}
     return error["error"]["code"]
+
+
+# A 1x1 PNG, as a data: URL (an input_image part).
+PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGP4z8DwHwAFAAH/iZk9HQAAAABJRU5ErkJggg=="
+
+
+def image_message(url=PIXEL, role="user"):
+    return {"type": "conversation.item.create", "item": {"type": "message", "role": role, "content": [
+        {"type": "input_text", "text": "What is in this picture?"},
+        {"type": "input_image", "image_url": url, "detail": "low"}]}}

@@ -17,7 +17,7 @@ from pool.history.recorder import NoRecords
 from pool.pipeline.registry import PoolRegistry
 from pool.process import set_registry
 
-from .helpers import Client, user_text
+from .helpers import PIXEL, Client, image_message, user_text
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -182,9 +182,13 @@ async def test_reasoning_and_parallel_tool_calls_reach_an_openai_compatible_endp
             "parallel_tool_calls": False}})
         updated = await client.until("session.updated")
         assert updated["session"]["reasoning"] == {"effort": "low"} and updated["session"]["parallel_tool_calls"] is False
+        await client.send(image_message())
+        await client.until("conversation.item.done")
         await ask(client, "Weather in Paris?")
         sent = ScriptedChatCompletions.requests[-1]
         assert (sent["reasoning_effort"], sent["parallel_tool_calls"]) == ("low", False)
+        pictured = sent["messages"][1]["content"]  # an endpoint reads images: they go as image_url parts
+        assert pictured[1] == {"type": "image_url", "image_url": {"url": PIXEL, "detail": "low"}}
         await client.send({"type": "response.create", "response": {"reasoning": {"effort": "high"}, "tools": []}})
         await client.until("response.done")
         sent = ScriptedChatCompletions.requests[-1]

@@ -19,7 +19,7 @@ from realtime import session_config as sc
 from realtime.errors import ProtocolError
 from realtime.session.responses import response_params
 
-from .helpers import PROJECT_DIR, user_text
+from .helpers import PIXEL, PROJECT_DIR, image_message, user_text
 
 # Where the walk stops: a tool's fields and a response's input items are checked by their own
 # rules (function tools; realtime.schema's items), not field by field here.
@@ -210,3 +210,61 @@ async def test_response_create_voice_and_format_apply_to_that_response_only(conn
     assert max(delta_bytes(first)) <= 8000 * 2 // 10  # G.711 at 8 kHz: 1 byte a sample, 200 ms a delta
     assert max(delta_bytes(second)) > 8000 * 2 // 10  # the session's PCM16 at 24 kHz again
     await client.ws.disconnect()
+
+
+async def test_an_image_is_kept_and_a_text_only_model_answers_without_it_with_one_notice(recorded_pool, connect):
+    from pool.models import ConversationItem
+
+    client = await connect()
+    await client.until("session.created")
+    await client.send(image_message())
+    added = await client.until("conversation.item.added")
+    assert added["item"]["content"][1] == {"type": "input_image", "image_url": PIXEL, "detail": "low"}
+    for _ in range(2):
+        await client.send({"type": "response.create"})
+        assert (await client.until("response.done"))["response"]["status"] == "completed"
+    assert "error" not in client.types()
+    user = [m for m in SCRIPT.requests[-1].messages if m["role"] == "user"]
+    assert user == [{"role": "user", "content": "What is in this picture?"}]  # the scripted LLM reads no images
+    await client.ws.disconnect()
+    assert recorded_pool.records.flush()
+    kinds = [i.kind async for i in ConversationItem.objects.order_by("at_ms", "id")]
+    assert kinds.count("notice") == 1
+    kept = await ConversationItem.objects.aget(kind="message", role="user")
+    assert kept.data["content"][1]["image_url"] == PIXEL
+
+
+@pytest.mark.usefixtures("scripted_pool")
+@pytest.mark.parametrize("url, role, hosts, refused", [
+    ("http://images.example/cat.png", "user", [], "item.content[1].image_url"),
+    ("http://127.0.0.1:9/cat.png", "user", ["127.0.0.1"], None),
+    ("file:///etc/passwd", "user", ["127.0.0.1"], "item.content[1].image_url"),
+    ("data:text/html;base64,PGI+", "user", [], "item.content[1].image_url"),
+    (PIXEL, "assistant", [], "item.content[1].type"),
+])
+async def test_image_urls_only_of_allowed_hosts_and_only_from_the_user(connect, settings, url, role, hosts, refused):
+    settings.S2S = {**settings.S2S, "IMAGE_URL_HOSTS": hosts}
+    client = await connect()
+    await client.until("session.created")
+    await client.send(image_message(url, role))
+    event = await client.until("error" if refused else "conversation.item.added")
+    if refused:
+        assert (event["error"]["code"], event["error"]["param"]) == ("invalid_value", refused)
+    await client.ws.disconnect()
+
+
+def test_an_image_goes_to_a_model_that_reads_images_and_counts_a_fixed_share_of_the_budget():
+    from realtime.session.conversation import IMAGE_COST_CHARS, Conversation
+
+    conversation = Conversation()
+    item = {"id": "item_1", "type": "message", "role": "user", "status": "completed",
+            "content": image_message()["item"]["content"]}
+    conversation.insert(item)
+    [_system, message] = conversation.llm_messages("i", None, "auto", 10_000, with_images=True)
+    assert message["content"] == [{"type": "text", "text": "What is in this picture?"},
+                                  {"type": "image_url", "image_url": {"url": PIXEL, "detail": "low"}}]
+    assert conversation.llm_messages("i", None, "auto", 10_000)[1]["content"] == "What is in this picture?"
+    big = {**item, "id": "item_2", "content": [{"type": "input_image", "image_url": PIXEL + "A" * 100_000}]}
+    conversation.insert(big)
+    # A 100 kB image counts IMAGE_COST_CHARS: the earlier message still fits a 3000-character budget.
+    assert len(conversation.llm_messages("i", None, "auto", 2 * IMAGE_COST_CHARS + 500, with_images=True)) == 3

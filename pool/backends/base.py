@@ -50,6 +50,8 @@ class STT(Protocol):
 class LLM(Protocol):
     resumes: bool  # True: the LLM stage pauses a reply by stopping it and continuing from
     # ``request.prefix`` later; False: by blocking its stream
+    # Optional ``images: bool``: True when messages may hold image_url parts (an endpoint's model
+    # may read them); without it, the session leaves images out of the prompt.
 
     def generate(self, request, on_text: Callable[[str], None], should_stop: Callable[[], bool],
                  on_function_call: Callable[..., None] | None = None) -> dict:

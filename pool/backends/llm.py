@@ -270,6 +270,7 @@ class OpenAICompatibleLLM:
     """
 
     resumes = False  # not every such server continues a final assistant message
+    images = True  # input_image parts go as image_url parts (the endpoint's model may read them)
 
     def __init__(self, base_url, api_key, model):
         import openai

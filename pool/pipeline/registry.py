@@ -45,10 +45,12 @@ class PoolRegistry:
     @functools.cached_property
     def speaks(self):
         """What the loaded models can do: ``{"transcription_languages", "voice_languages",
-        "voices", "transcription_model"}``: ISO 639-1 codes, the voice names a session may ask
-        for (OpenAI's, then the TTS's own) and the STT model's name (``session.created``)."""
+        "voices", "transcription_model", "sees_images"}``: ISO 639-1 codes, the voice names a
+        session may ask for (OpenAI's, then the TTS's own), the STT model's name
+        (``session.created``) and whether the LLM reads images."""
         return {"transcription_languages": sorted(self.backends.stt.languages),
                 "transcription_model": getattr(self.backends.stt, "name", type(self.backends.stt).__name__),
+                "sees_images": bool(getattr(self.backends.llm, "images", False)),
                 "voice_languages": sorted(self.backends.tts.languages),
                 "voices": sorted(OPENAI_VOICES) + sorted(self.backends.tts.voices)}
 

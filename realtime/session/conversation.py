@@ -7,6 +7,7 @@ the server makes is built here (``user_audio_item``, ``assistant_message``, ``fu
 
 import copy
 import json
+from urllib.parse import urlsplit
 
 from pool.ids import new_id
 from realtime.errors import ProtocolError
@@ -46,8 +47,39 @@ def normalise_item(item):
                                               item.get("id"))}
 
 
-def item_message(item):
-    """A conversation item as a chat-completions message for the LLM (None when it has no text)."""
+IMAGE_COST_CHARS = 1000  # what an image counts for in the LLM context budget (characters)
+_DATA_IMAGE = ("data:image/png;", "data:image/jpeg;", "data:image/webp;", "data:image/gif;")
+
+
+def images(item):
+    """The ``input_image`` parts of an item."""
+    return [part for part in item.get("content") or () if part.get("type") == "input_image"]
+
+
+def check_images(item, allowed_hosts, param="item"):
+    """An item's images: in user messages only, each a ``data:image/...;base64`` URL or an
+    http(s) URL of one of ``allowed_hosts`` (IMAGE_URL_HOSTS: the LLM endpoint fetches it).
+    Raises ProtocolError ``invalid_value`` naming the part."""
+    for index, part in enumerate(item.get("content") or ()):
+        if part.get("type") != "input_image":
+            continue
+        where = f"{param}.content[{index}]"
+        if item.get("role") != "user":
+            raise ProtocolError("invalid_value", "Only user messages may hold images.", param=f"{where}.type")
+        url = part.get("image_url") or ""
+        if url.startswith(_DATA_IMAGE) and ";base64," in url[:40]:
+            continue
+        host = urlsplit(url).hostname if url.startswith(("http://", "https://")) else None
+        if host is None or host not in allowed_hosts:
+            raise ProtocolError("invalid_value", "image_url must be a data:image/png, jpeg, webp or gif base64 URL"
+                                + (", or an http(s) URL of " + ", ".join(allowed_hosts) if allowed_hosts else "")
+                                + ".", param=f"{where}.image_url")
+
+
+def item_message(item, with_images=False):
+    """A conversation item as a chat-completions message for the LLM (None when it has no text,
+    nor images it may send). ``with_images``: its images go as ``image_url`` parts (an
+    endpoint that reads images); otherwise they are left out."""
     if item["type"] == "function_call":
         return {"role": "assistant", "content": None, "tool_calls": [{
             "id": item["call_id"], "type": "function",
@@ -59,9 +91,24 @@ def item_message(item):
         text = part.get("text") if part.get("type") in ("input_text", "text", "output_text") else part.get("transcript")
         if text:
             texts.append(text)
+    pictures = images(item) if with_images else []
+    if pictures:
+        parts = [{"type": "text", "text": " ".join(texts)}] if texts else []
+        for part in pictures:
+            url = {"url": part["image_url"], **({"detail": part["detail"]} if part.get("detail") else {})}
+            parts.append({"type": "image_url", "image_url": url})
+        return {"role": item["role"], "content": parts}
     if not texts:
         return None
     return {"role": item["role"], "content": " ".join(texts)}
+
+
+def _cost(message):
+    """Characters ``message`` counts for in the context budget: its JSON, an image as IMAGE_COST_CHARS."""
+    if isinstance(message.get("content"), list):
+        return sum(len(part.get("text", "")) + (IMAGE_COST_CHARS if part["type"] == "image_url" else 0)
+                   for part in message["content"]) + 50
+    return len(json.dumps(message))
 
 
 def cut_transcript(text, audio_end_ms, audio_ms):
@@ -117,18 +164,19 @@ class Conversation:
         return any(item["type"] == "function_call" and item["call_id"] == call_id
                    for item in self.items.values())
 
-    def llm_messages(self, instructions, items, truncation, budget):
-        """System instructions and ``items`` (None: the whole conversation) as chat messages.
+    def llm_messages(self, instructions, items, truncation, budget, with_images=False):
+        """System instructions and ``items`` (None: the whole conversation) as chat messages
+        (``with_images``: see ``item_message``).
 
         With ``truncation`` "auto" only the most recent messages that fit ``budget`` characters
         of JSON are sent, so a long call keeps a bounded prompt; "disabled" sends all.
         """
         items = list(self.items.values()) if items is None else items
-        history = [message for message in map(item_message, items) if message]
+        history = [message for message in (item_message(item, with_images) for item in items) if message]
         if truncation != "disabled":
             kept = []
             for message in reversed(history):
-                budget -= len(json.dumps(message))
+                budget -= _cost(message)
                 if budget < 0 and kept:
                     break
                 kept.append(message)

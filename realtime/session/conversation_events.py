@@ -12,11 +12,13 @@ from realtime.session import conversation as conv
 
 class ConversationEvents:
     """``conversation.item.create``, ``.retrieve`` and ``.delete`` on ``conversation``;
-    ``send(type, **fields)``: the session's; ``history``: its ``SessionHistory``. Each raises
-    ProtocolError for an event it cannot carry out."""
+    ``send(type, **fields)``: the session's; ``history``: its ``SessionHistory``;
+    ``image_hosts``: IMAGE_URL_HOSTS (``conversation.check_images``). Each raises ProtocolError
+    for an event it cannot carry out."""
 
-    def __init__(self, conversation, send, history):
+    def __init__(self, conversation, send, history, image_hosts=()):
         self._conversation, self._send, self._history = conversation, send, history
+        self._image_hosts = tuple(image_hosts)
 
     def create(self, event):
         items = self._conversation.items
@@ -24,6 +26,7 @@ class ConversationEvents:
         if previous is not None and previous != "root" and previous not in items:
             raise ProtocolError("item_not_found", f"Item with id '{previous}' not found.",
                                 param="previous_item_id")
+        conv.check_images(item, self._image_hosts)
         item = conv.normalise_item(item)
         if item["id"] in items:
             raise ProtocolError("item_already_exists", f"Item '{item['id']}' already exists.",

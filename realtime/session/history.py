@@ -12,6 +12,7 @@ import statistics
 import time
 
 from pool.history.rows import ItemRecord, ResponseRecord
+from pool.ids import new_id
 from realtime.session.conversation import public
 
 
@@ -24,6 +25,19 @@ def item_text(item):
         return item.get("output", "")
     parts = (part.get("text") or part.get("transcript") or "" for part in item.get("content", []))
     return " ".join(p for p in parts if p)
+
+
+HISTORY_IMAGE_CHARS = 256 * 1024  # a larger data: URL is kept as a note of its size only
+
+
+def _bounded(item):
+    """``item`` with each image whose data: URL is over HISTORY_IMAGE_CHARS replaced by a note of
+    its size: the history keeps that an image was there, not megabytes of it."""
+    for part in item.get("content") or ():
+        url = part.get("image_url") or ""
+        if part.get("type") == "input_image" and url.startswith("data:") and len(url) > HISTORY_IMAGE_CHARS:
+            part["image_url"] = f"{url.split(',', 1)[0]},... ({len(url)} characters, not kept)"
+    return item
 
 
 class SessionHistory:
@@ -74,10 +88,15 @@ class SessionHistory:
         self._keep(ItemRecord(
             item_id=item["id"], kind=item["type"], role=item.get("role", ""), status=item.get("status", ""),
             text=item_text(item), at_ms=self._opened.pop(item["id"], None) or self.now_ms(),
-            data=public(item), audio_start_ms=start, audio_end_ms=end,
+            data=_bounded(public(item)), audio_start_ms=start, audio_end_ms=end,
             audio_ms=None if audio_ms is None else int(audio_ms),
             interrupted=item.get("role") == "assistant" and item.get("status") == "incomplete",
             voice=voice, language=item.get("_language") or "", response_id=response_id))
+
+    def notice(self, text):
+        """Keep a notice of the server's about this session (``text``), e.g. images left out."""
+        self._keep(ItemRecord(item_id=new_id("notice"), kind="notice", role="", status="", at_ms=self.now_ms(),
+                              text=text, data={"notice": text}))
 
     def error(self, event_id, error):
         """Keep an ``error`` event sent (``error``: its error object)."""

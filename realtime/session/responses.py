@@ -10,7 +10,7 @@ import copy
 from pool.backends.voices import LANGUAGES
 from realtime import session_config as sc
 from realtime.errors import ProtocolError
-from realtime.session.conversation import normalise_item
+from realtime.session.conversation import check_images, normalise_item
 
 
 class Response:
@@ -49,7 +49,7 @@ def with_reply_language(instructions, language):
     return f"{instructions}\n\nThe user speaks {name}. Answer in {name}."
 
 
-def response_params(config, overrides, resolve_item, max_tokens_cap):
+def response_params(config, overrides, resolve_item, max_tokens_cap, image_hosts=()):
     """The effective parameters of a response: ``overrides`` (``response.create``'s ``response``)
     over the session ``config``; their types are checked already (``realtime.schema``).
     ``resolve_item(item_id)`` finds an ``item_reference``. Raises ProtocolError naming the bad
@@ -80,6 +80,8 @@ def response_params(config, overrides, resolve_item, max_tokens_cap):
     sc.validate_format(audio_out["format"], "response.audio.output.format")
     input_items = overrides.get("input")
     if input_items is not None:
+        for index, entry in enumerate(input_items):
+            check_images(entry, image_hosts, f"response.input[{index}]")
         input_items = [resolve_item(entry["id"]) if entry.get("type") == "item_reference" else normalise_item(entry)
                        for entry in input_items]
     return {

@@ -85,7 +85,10 @@ class RealtimeSession:
                       "last_error": ""}
         self._turn_marks = Marks()  # of the latest voice turn (pool.pipeline.timings)
         self.history = SessionHistory(session_id, recorder or NoRecords(), defaults.history_max_items)
-        self.conversation_events = ConversationEvents(self.conversation, self.send, self.history)
+        self.conversation_events = ConversationEvents(self.conversation, self.send, self.history,
+                                                      defaults.image_url_hosts)
+        self._image_hosts = defaults.image_url_hosts
+        self._images_dropped = False  # the one notice per session that the LLM reads no images
         self._recording = recording
         self._input_format = None
         # Appends submitted to the VAD, heard by it, and covered by a CatchUpInput (input_pending).
@@ -330,13 +333,22 @@ class RealtimeSession:
                 "conversation_already_has_active_response",
                 f"Conversation already has an active response in progress: {self.response.id}. "
                 "Wait until the response is finished before creating a new one.", event_id=event_id)
-        params = response_params(self.config, overrides, self.conversation.get, self._max_tokens_cap)
+        params = response_params(self.config, overrides, self.conversation.get, self._max_tokens_cap,
+                                 self._image_hosts)
         response_id = new_id("resp")
         # A reply is in the language of the user's latest turn: the LLM is told it (a model that
         # hears several languages), and it is spoken by a voice of that language.
         language = self._turn_language if len(self._speaks["transcription_languages"]) > 1 else None
+        sees_images = self._speaks.get("sees_images", False)
         messages = self.conversation.llm_messages(with_reply_language(params["instructions"], language),
-                                                  params["input"], self.config["truncation"], self._context_chars)
+                                                  params["input"], self.config["truncation"], self._context_chars,
+                                                  with_images=sees_images)
+        if not sees_images and not self._images_dropped and any(
+                conv.images(item) for item in params["input"] or self.items.values()):
+            self._images_dropped = True
+            log.info("session %s: the LLM reads no images; they are left out of its prompt", self.id)
+            self.history.notice("The LLM reads no images: the images of this conversation were left out of "
+                                "its prompt.")
         request = LLMRequest(messages, params["max_tokens"], params["tools"], params["tool_choice"],
                              reasoning_effort=params["reasoning_effort"],
                              parallel_tool_calls=params["parallel_tool_calls"])
