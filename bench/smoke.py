@@ -8,7 +8,7 @@ import asyncio
 from pool.backends.cache import default_paths
 from pool.conf import DEFAULTS
 
-from . import connect_storm, faults, listening, soak, stages, throughput, turn_latency
+from . import connect_storm, faults, listening, noise, soak, stages, throughput, turn_latency
 from .common import RECORDINGS, emit, rss_mb, start_server
 
 
@@ -30,6 +30,7 @@ def main():
     result["stages"] = {"stt": stages.stt_rows(paths, 1), "llm": stages.llm_rows(paths, 1, [], True),
                         "tts": stages.tts_rows(paths, 1)}
     result["faults"] = asyncio.run(faults.run(["malformed_frames", "bad_http"], 1, 1.0))
+    result["noise"] = noise.run(1.0)
     emit("smoke", result)
 
 

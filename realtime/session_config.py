@@ -7,7 +7,8 @@ none of it does: a ProtocolError names the first bad field in ``param``.
 
 Unknown-field policy: a field that OpenAI's GA session does not have is refused with
 ``unknown_parameter``; a GA field this server does not act on (``tracing``, ``prompt``,
-``include``, ``truncation``, ``noise_reduction``) is accepted, stored and echoed back.
+``include``, ``truncation``) is accepted, stored and echoed back; docs/PROTOCOL.md says of every
+field whether it is acted on.
 """
 
 import copy
@@ -20,6 +21,7 @@ from openai.types.realtime import (
     RealtimeAudioConfigParam,
     RealtimeSessionCreateRequestParam,
 )
+from openai.types.realtime.noise_reduction_type import NoiseReductionType
 from openai.types.realtime.realtime_reasoning_effort import RealtimeReasoningEffort
 
 from pool.backends.voices import voice_language
@@ -63,6 +65,7 @@ _KNOWN_KEYS = {
     "session.audio.output": frozenset(typing.get_type_hints(RealtimeAudioConfigOutputParam)),
 }
 REASONING_EFFORTS = typing.get_args(RealtimeReasoningEffort)  # the SDK's literals
+NOISE_REDUCTION_TYPES = typing.get_args(NoiseReductionType)
 
 # Beta (preview) session fields -> their GA place; see docs/PROTOCOL.md.
 BETA_FORMATS = {
@@ -338,6 +341,7 @@ def validate(session):
     _format(audio_in.get("format"), "audio.input.format")
     _format(audio_out.get("format"), "audio.output.format")
     _validate_transcription(audio_in.get("transcription"))
+    _validate_noise_reduction(audio_in.get("noise_reduction"))
     validate_voice(audio_out.get("voice"), "session.audio.output.voice")
     _number(audio_out.get("speed"), "audio.output.speed", 0.25, 1.5)
     _validate_turn_detection(audio_in.get("turn_detection"))
@@ -359,6 +363,18 @@ def _validate_transcription(transcription):
         _fail(f"{param}.keywords", "'keywords' must be a list of strings.", "invalid_type")
     if keywords is not None and len(", ".join(keywords)) > MAX_PROMPT_CHARS:
         _fail(f"{param}.keywords", f"'keywords' are limited to {MAX_PROMPT_CHARS} characters in all.")
+
+
+def _validate_noise_reduction(noise_reduction):
+    param = "audio.input.noise_reduction"
+    if noise_reduction is None:
+        return
+    if not isinstance(noise_reduction, dict):
+        _fail(param, "noise_reduction must be an object or null.", "invalid_type")
+    if noise_reduction.get("type") not in NOISE_REDUCTION_TYPES:
+        _fail(f"{param}.type", f"noise_reduction.type must be one of {', '.join(NOISE_REDUCTION_TYPES)}.")
+    if "strength" in noise_reduction:
+        _number(noise_reduction["strength"], f"{param}.strength", 0.0, 10.0)
 
 
 def stt_prompt(transcription):

@@ -27,4 +27,5 @@ def test_bench_smoke_runs_every_benchmark():
     assert result["soak"]["sessions_in_a_row"]["served"] == 20
     assert "ask not what your country" in result["stages"]["stt"][0]["transcript"].lower()
     assert [row["fault"] for row in result["faults"]] == ["malformed_frames", "bad_http"]
+    assert len(result["noise"]["rows"]) == 8 and result["noise"]["denoise_seconds_per_audio_second"] > 0
     assert result["stages"]["llm"][0]["tokens_per_s"] > 0 and result["stages"]["tts"][0]["audio_s"] > 0

@@ -43,6 +43,19 @@ def load_backends(config):
     return backend_loader(config["BACKEND"])(config)
 
 
+def load_denoiser():
+    """RNNoise (``pool.backends.denoise``), or None when its wheel is not installed (sessions'
+    noise_reduction is then stored, not acted on; logged once here)."""
+    from pool.backends.cache import PreparationError
+    from pool.backends.denoise import RNNoise
+
+    try:
+        return RNNoise()
+    except (PreparationError, OSError) as exc:
+        log.warning("noise_reduction will not be acted on: %s", exc)
+        return None
+
+
 def load_default(config):
     """Silero VAD, faster-whisper, the LLM of ``pool.backends.llm.load_llm``, Kokoro and Smart
     Turn. They need the prepared model cache (``manage.py prepare_models``), prepared here when
@@ -85,6 +98,7 @@ def load_default(config):
         tts=load("TTS_MODEL", paths["tts_model"], lambda path: KokoroTTS(
             path, config["TTS_VOICES"] or paths["tts_voices"], threads["tts"])),
         turn=load("TURN_MODEL", paths["turn"], SmartTurn),
+        denoise=load_denoiser(),
     )
     log.info("Models loaded in %.1f s", time.perf_counter() - started)
     return backends

@@ -85,6 +85,9 @@ class Backends:
     llm: LLM
     tts: TTS
     turn: TurnModel | None = None  # None: semantic_vad ends turns on silence alone
+    # None: noise_reduction is stored, not acted on. Else has new_stream() -> an object with
+    # process(float32 @ 16 kHz) -> float32 @ 16 kHz and reset() (pool.backends.denoise).
+    denoise: object = None
 
 
 @dataclass

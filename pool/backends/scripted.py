@@ -121,11 +121,13 @@ class ScriptedTTS:
 
 
 def load_scripted(config):
-    """The scripted test backend: real Silero VAD and Smart Turn, scripted STT, LLM and TTS."""
+    """The scripted test backend: real Silero VAD, Smart Turn and RNNoise, scripted STT, LLM and TTS."""
     from pool.backends.cache import SMART_TURN_FILE, default_paths, package_dir
     from pool.backends.turn import SmartTurn
 
     paths = default_paths(config["MODEL_CACHE_DIR"])
     turn_path = config["TURN_MODEL"] or package_dir("pipecat") / "audio/turn/smart_turn/data" / SMART_TURN_FILE
+    from pool.backends import load_denoiser
+
     return Backends(vad=SileroVAD(config["VAD_MODEL"] or paths["vad"]), stt=ScriptedSTT(),
-                    llm=ScriptedLLM(), tts=ScriptedTTS(), turn=SmartTurn(turn_path))
+                    llm=ScriptedLLM(), tts=ScriptedTTS(), turn=SmartTurn(turn_path), denoise=load_denoiser())

@@ -76,6 +76,7 @@ class ConfigureInput(UnitInput):
     turn_detection: TurnDetection | None
     language: str | None
     prompt: str | None = None
+    noise_reduction: bool = False  # denoise the input before the VAD and the STT
 
 
 @dataclass

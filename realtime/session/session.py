@@ -321,7 +321,8 @@ class RealtimeSession:
         language = (audio_in["transcription"] or {}).get("language")
         self.turns.configure(audio_in["turn_detection"], self.config["type"] == "realtime")
         self.submit(m.ConfigureInput(self._decoder, sc.vad_settings(audio_in["turn_detection"]), language,
-                                     sc.stt_prompt(audio_in["transcription"])))
+                                     sc.stt_prompt(audio_in["transcription"]),
+                                     noise_reduction=audio_in.get("noise_reduction") is not None))
 
     # --- responses -------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ class _Input:
     turn_detection: m.TurnDetection | None = None  # None: manual turns
     language: str | None = None
     prompt: str | None = None  # the STT's initial prompt for this session's turns
+    noise_reduction: bool = False
     pending: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # not yet a window
     buffer: list = field(default_factory=list)  # windows since the last commit (manual turns, or speech)
     prefix: collections.deque = field(default_factory=collections.deque)  # windows before speech (padding)
@@ -69,12 +70,15 @@ class VADStage(Stage):
 
     def __init__(self, backends, stt_inbox):
         self._stream = backends.vad.new_stream()
+        self._denoise = backends.denoise.new_stream() if backends.denoise is not None else None
         self._turn = backends.turn
         self._stt_inbox = stt_inbox
         self.end_session()
 
     def end_session(self):
         self._stream.reset()
+        if self._denoise is not None:
+            self._denoise.reset()
         self._in = _Input()
 
     @property
@@ -86,6 +90,9 @@ class VADStage(Stage):
         if isinstance(msg, m.ConfigureInput):
             state.decoder, state.language, state.turn_detection = msg.decoder, msg.language, msg.turn_detection
             state.prompt = msg.prompt
+            if msg.noise_reduction and not state.noise_reduction and self._denoise is not None:
+                self._denoise.reset()  # a new stretch of denoised input
+            state.noise_reduction = msg.noise_reduction
             if msg.turn_detection is None:
                 state.speech = None  # switching to manual turns keeps the buffered audio
         elif isinstance(msg, m.AppendInput):
@@ -120,7 +127,9 @@ class VADStage(Stage):
                 msg.event_id))
             return
         if ctx.recording is not None:
-            ctx.recording.user(samples)
+            ctx.recording.user(samples)  # as the user sent it
+        if state.noise_reduction and self._denoise is not None:
+            samples = self._denoise.process(samples)
         audio = np.concatenate([state.pending, samples]) if len(state.pending) else samples
         whole = len(audio) - len(audio) % VAD_WINDOW_SAMPLES
         for start in range(0, whole, VAD_WINDOW_SAMPLES):
