@@ -65,6 +65,9 @@ _KNOWN_KEYS = {
     "session.audio.output": frozenset(typing.get_type_hints(RealtimeAudioConfigOutputParam)),
 }
 REASONING_EFFORTS = typing.get_args(RealtimeReasoningEffort)  # the SDK's literals
+# turn_detection fields newer than the pinned SDK that clients already send (LiveKit's plugin,
+# gpt-realtime-2 guides): stored and echoed, not acted on (docs/PROTOCOL.md).
+TURN_DETECTION_STORED = {"model_version"}
 NOISE_REDUCTION_TYPES = typing.get_args(NoiseReductionType)
 
 # Beta (preview) session fields -> their GA place; see docs/PROTOCOL.md.
@@ -422,7 +425,7 @@ def _validate_turn_detection(td):
         _fail(f"{param}.type", "turn_detection.type must be 'server_vad' or 'semantic_vad'.")
     allowed = SERVER_VAD_DEFAULTS if td["type"] == "server_vad" else SEMANTIC_VAD_DEFAULTS
     for key in td:
-        if key not in allowed:
+        if key not in allowed and key not in TURN_DETECTION_STORED:
             _fail(f"{param}.{key}", f"Unknown parameter for {td['type']}: '{key}'.",
                   "unknown_parameter")
     for flag in ("create_response", "interrupt_response"):

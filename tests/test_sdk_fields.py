@@ -145,6 +145,15 @@ def test_the_sdk_walk_finds_this_years_fields():
         RESPONSE_FIELDS)
 
 
+def test_a_turn_detection_model_version_is_kept_though_the_pinned_sdk_has_none_yet():
+    session = sc.apply_update(sc.default_session("sess_1", "m", "i", "alloy"), {
+        "audio": {"input": {"turn_detection": {"type": "server_vad", "model_version": "v2"}}}})
+    assert session["audio"]["input"]["turn_detection"]["model_version"] == "v2"
+    with pytest.raises(ProtocolError) as refused:
+        sc.apply_update(session, {"audio": {"input": {"turn_detection": {"model_versoin": "v2"}}}})
+    assert refused.value.code == "unknown_parameter"
+
+
 def test_a_typo_is_still_an_unknown_parameter():
     with pytest.raises(ProtocolError) as refused:
         sc.apply_update(sc.default_session("sess_1", "m", "i", "alloy"), {"reasoning_effort": "low"})
