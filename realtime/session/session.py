@@ -91,7 +91,7 @@ class RealtimeSession:
         self._images_dropped = False  # the one notice per session that the LLM reads no images
         self._recording = recording
         self._input_format = None
-        # Appends submitted to the VAD, heard by it, and covered by a CatchUpInput (input_pending).
+        # Appends submitted to the VAD, heard by it, and covered by a CatchUpInput (_ask_catch_up).
         self._appends_sent = self._appends_heard = self._catch_up_asked = 0
         self._configure_input()
 
