@@ -16,12 +16,15 @@ import typing
 from dataclasses import dataclass
 
 from openai.types.realtime import (
+    AudioTranscriptionParam,
     RealtimeAudioConfigInputParam,
     RealtimeAudioConfigOutputParam,
     RealtimeAudioConfigParam,
+    RealtimeResponseCreateAudioOutputParam,
     RealtimeSessionCreateRequestParam,
 )
 from openai.types.realtime.noise_reduction_type import NoiseReductionType
+from openai.types.realtime.realtime_audio_config_input_param import NoiseReduction
 from openai.types.realtime.realtime_reasoning_effort import RealtimeReasoningEffort
 
 from pool.backends.voices import voice_language
@@ -63,7 +66,13 @@ _KNOWN_KEYS = {
     "session.audio": frozenset(typing.get_type_hints(RealtimeAudioConfigParam)),
     "session.audio.input": frozenset(typing.get_type_hints(RealtimeAudioConfigInputParam)),
     "session.audio.output": frozenset(typing.get_type_hints(RealtimeAudioConfigOutputParam)),
+    "session.audio.input.transcription": frozenset(typing.get_type_hints(AudioTranscriptionParam)),
+    "session.audio.input.noise_reduction": frozenset(typing.get_type_hints(NoiseReduction)),
 }
+_NULLABLE = {"session.audio.input.transcription", "session.audio.input.noise_reduction"}  # null: off
+# ... and of response.create's audio: a response has its own voice and format, nothing else.
+RESPONSE_AUDIO_KEYS = frozenset(typing.get_type_hints(RealtimeResponseCreateAudioOutputParam))  # "output"
+RESPONSE_AUDIO_OUTPUT_KEYS = frozenset({"voice", "format"})
 REASONING_EFFORTS = typing.get_args(RealtimeReasoningEffort)  # the SDK's literals
 # turn_detection fields newer than the pinned SDK that clients already send (LiveKit's plugin,
 # gpt-realtime-2 guides): stored and echoed, not acted on (docs/PROTOCOL.md).
@@ -267,7 +276,7 @@ def _check_unknown(update, path):
             raise ProtocolError("unknown_parameter", f"Unknown parameter: '{path}.{key}'.",
                                 param=f"{path}.{key}")
         child = f"{path}.{key}"
-        if child in _KNOWN_KEYS:
+        if child in _KNOWN_KEYS and not (value is None and child in _NULLABLE):
             if not isinstance(value, dict):
                 raise ProtocolError("invalid_type", f"'{child}' must be an object.", param=child)
             _check_unknown(value, child)
@@ -356,6 +365,9 @@ def _validate_transcription(transcription):
         return
     if not isinstance(transcription, dict):
         _fail(param, "transcription must be an object or null.", "invalid_type")
+    model = transcription.get("model")
+    if model is not None and not isinstance(model, str):
+        _fail(f"{param}.model", "'model' must be a string.", "invalid_type")
     prompt = transcription.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         _fail(f"{param}.prompt", "'prompt' must be a string.", "invalid_type")
@@ -428,6 +440,10 @@ def _validate_turn_detection(td):
         if key not in allowed and key not in TURN_DETECTION_STORED:
             _fail(f"{param}.{key}", f"Unknown parameter for {td['type']}: '{key}'.",
                   "unknown_parameter")
+    version = td.get("model_version")
+    if version is not None and (not isinstance(version, str) or len(version) > MAX_VOICE_CHARS):
+        _fail(f"{param}.model_version", f"'model_version' must be a string of at most {MAX_VOICE_CHARS} "
+              "characters.", "invalid_type" if not isinstance(version, str) else "invalid_value")
     for flag in ("create_response", "interrupt_response"):
         if not isinstance(td.get(flag), bool):
             _fail(f"{param}.{flag}", f"'{flag}' must be a boolean.", "invalid_type")

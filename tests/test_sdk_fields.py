@@ -277,3 +277,35 @@ def test_an_image_goes_to_a_model_that_reads_images_and_counts_a_fixed_share_of_
     conversation.insert(big)
     # A 100 kB image counts IMAGE_COST_CHARS: the earlier message still fits a 3000-character budget.
     assert len(conversation.llm_messages("i", None, "auto", 2 * IMAGE_COST_CHARS + 500, with_images=True)) == 3
+
+
+@pytest.mark.parametrize("update, param, code", [
+    ({"audio": {"input": {"transcription": {"foo": 1}}}}, "session.audio.input.transcription.foo", "unknown_parameter"),
+    ({"audio": {"input": {"transcription": {"model": 5}}}}, "session.audio.input.transcription.model", "invalid_type"),
+    ({"audio": {"input": {"noise_reduction": {"type": "near_field", "foo": 1}}}},
+     "session.audio.input.noise_reduction.foo", "unknown_parameter"),
+    ({"audio": {"input": {"turn_detection": {"type": "server_vad", "model_version": {"a": 1}}}}},
+     "session.audio.input.turn_detection.model_version", "invalid_type"),
+    ({"audio": {"input": {"turn_detection": {"type": "server_vad", "model_version": "v" * 100}}}},
+     "session.audio.input.turn_detection.model_version", "invalid_value"),
+])
+def test_nested_session_objects_are_held_to_their_sdk_fields(update, param, code):
+    with pytest.raises(ProtocolError) as refused:
+        sc.apply_update(sc.default_session("sess_1", "m", "i", "alloy"), update)
+    assert (refused.value.code, refused.value.param) == (code, param)
+    off = sc.apply_update(sc.default_session("sess_1", "m", "i", "alloy"),
+                          {"audio": {"input": {"transcription": None, "noise_reduction": None}}})
+    assert off["audio"]["input"]["transcription"] is None  # null still turns them off
+
+
+@pytest.mark.parametrize("audio, param, code", [
+    ({"output": "x"}, "response.audio.output", "invalid_type"),
+    ({"output": [["voice", "ash"]]}, "response.audio.output", "invalid_type"),
+    ({"output": {"speed": 2}}, "response.audio.output.speed", "unknown_parameter"),
+    ({"input": {}}, "response.audio.input", "unknown_parameter"),
+])
+def test_a_responses_audio_is_its_voice_and_format_only(audio, param, code):
+    session = sc.default_session("sess_1", "m", "i", "alloy")
+    with pytest.raises(ProtocolError) as refused:
+        response_params(session, {"audio": audio}, None, 100)
+    assert (refused.value.code, refused.value.param) == (code, param)

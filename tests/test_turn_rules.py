@@ -101,3 +101,19 @@ def test_a_backchannel_over_the_assistant_is_dropped_and_the_reply_goes_on():
     assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 0)) == []  # it ended: no more peeks
     assert turns.intercept(m.Transcribed("item_1", "Mm-hmm.", 0.6, 0.05)) == [t.Release((held,))]
     assert turns.speaking is None and not turns.unanswered  # no turn, nothing to answer
+
+
+def test_the_idle_timeout_starts_over_once_it_has_fired():
+    """It fired at most once per silence: right after the VAD committed the silence (before that
+    item is even known to be a turn), the next timeout is a whole idle_timeout_ms away."""
+    from realtime.session.conversation import Conversation
+    from realtime.session.turns import TurnTaking
+
+    turns = TurnTaking("sess_1", Conversation(), 500, DEFAULTS["BACKCHANNEL_WORDS"])
+    turns.configure({"type": "server_vad", "idle_timeout_ms": 5000, "create_response": True}, True)
+    turns._idle_from -= 6  # set 6 s ago: it runs out now
+    assert turns.idle_wait() <= 0
+    turns.timing_out = True
+    assert turns.idle_wait() is None  # asked: not again until the VAD answers
+    turns.timed_out("item_1")
+    assert turns.idle_wait() > 4.9

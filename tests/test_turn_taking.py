@@ -330,4 +330,6 @@ async def test_idle_timeout_commits_the_silence_and_the_assistant_answers(connec
     assert 4500 <= triggered["audio_end_ms"] <= 6500
     assert done["response"]["status"] == "completed"
     assert "input_audio_buffer.speech_started" not in client.types()
+    assert client.types().count("input_audio_buffer.timeout_triggered") == 1  # once per silence
+    assert client.types().count("input_audio_buffer.committed") == 1
     await client.ws.disconnect()

@@ -104,7 +104,19 @@ def _audio_output_overrides(overrides):
     """``response.create``'s own ``audio.output`` voice and format (or the beta ``voice`` and
     ``output_audio_format``): for this response only."""
     audio = overrides.get("audio") or {}
-    output = dict(audio.get("output") or {}) if isinstance(audio, dict) else {}
+    for key in audio:
+        if key not in sc.RESPONSE_AUDIO_KEYS:
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.audio.{key}'.",
+                                param=f"response.audio.{key}")
+    output = audio.get("output") or {}
+    if not isinstance(output, dict):
+        raise ProtocolError("invalid_type", "'response.audio.output' must be an object.", param="response.audio.output")
+    for key in output:
+        if key not in sc.RESPONSE_AUDIO_OUTPUT_KEYS:
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: 'response.audio.output.{key}' (a "
+                                "response has its own voice and format; speed is the session's).",
+                                param=f"response.audio.output.{key}")
+    output = dict(output)
     if "voice" in overrides:
         output.setdefault("voice", overrides["voice"])
     if "output_audio_format" in overrides:

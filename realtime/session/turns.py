@@ -246,9 +246,8 @@ class TurnTaking:
         """The idle timeout committed ``item_id`` (None: speech had begun): it is answered, even
         if it holds no words."""
         self.timing_out = False
-        if item_id is None:
-            self._idle_from = time.monotonic()
-        else:
+        self._idle_from = time.monotonic()  # the silence so far is answered (or speech began)
+        if item_id is not None:
             self._prompted.add(item_id)
 
     def input_reset(self):
