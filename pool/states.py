@@ -6,6 +6,8 @@ Django ``TextChoices``: the models' fields take their ``choices``, and the in-pr
 A member is a ``str`` equal to its value, so it is stored, compared and sent as that string.
 """
 
+import enum
+
 from django.db import models
 
 
@@ -37,6 +39,17 @@ class ProcessState(models.TextChoices):
     DRAINING = "draining", "draining"
     STOPPED = "stopped", "stopped"
     LOST = "lost", "lost"
+
+
+class CloseCode(enum.IntEnum):
+    """The WebSocket close codes a session ends with (RFC 6455 section 7.4.1), one spelling
+    each; a transport that is not a WebSocket maps them."""
+
+    NORMAL = 1000  # the server ended the session (idle, expired)
+    GOING_AWAY = 1001  # the process is shutting down or draining
+    POLICY_VIOLATION = 1008  # a refused connect, a client that reads nothing
+    INTERNAL_ERROR = 1011  # the server failed
+    TRY_AGAIN_LATER = 1013  # a temporary condition (the database is busy or down)
 
 
 # Processes that still serve: the pool console lists them, and lost is decided among them.

@@ -27,7 +27,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from pool.access.connect import Credentials
 from pool.conf import get_config
 from pool.process import get_registry, local_registry
-from pool.states import EndReason
+from pool.states import CloseCode, EndReason
 from realtime.errors import ProtocolError
 from realtime.events import parse_client_frame
 from realtime.flow import WriteFlow
@@ -36,7 +36,6 @@ from realtime.session.lifecycle import LiveSession, open_session, refusal_event
 log = logging.getLogger(__name__)
 
 SUBPROTOCOL = "realtime"
-CLOSE_POLICY_VIOLATION, CLOSE_INTERNAL_ERROR = 1008, 1011
 
 
 class RealtimeConsumer(AsyncWebsocketConsumer):
@@ -59,10 +58,10 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
             log.exception("session consumer failed")
             if self.live is not None:
                 self.live.end_reason = EndReason.ERROR
-            self.close_code = CLOSE_INTERNAL_ERROR
+            self.close_code = CloseCode.INTERNAL_ERROR
             raise
         finally:
-            self._end(getattr(self, "close_code", CLOSE_INTERNAL_ERROR))
+            self._end(getattr(self, "close_code", CloseCode.INTERNAL_ERROR))
 
     async def dispatch(self, message):
         # channels' own dispatch first closes Django's old database connections, on the one
@@ -128,10 +127,10 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
         log.warning("the client read nothing for %g s; closing", limit)
         if self.live is not None:
             self.live.end_reason = EndReason.CLIENT_TOO_SLOW
-        self.close_code = CLOSE_POLICY_VIOLATION
+        self.close_code = CloseCode.POLICY_VIOLATION
         error = ProtocolError("client_too_slow", f"The client read no server event for {limit:g} s.")
         await self.send(json.dumps(error.to_event()))
-        await self.close(code=CLOSE_POLICY_VIOLATION)
+        await self.close(code=CloseCode.POLICY_VIOLATION)
 
     async def receive(self, text_data=None, bytes_data=None):
         if self.live is None:

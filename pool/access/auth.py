@@ -19,6 +19,7 @@ from django.http.request import validate_host
 
 from pool.access.keys import hash_key
 from pool.conf import get_config
+from pool.states import CloseCode
 
 SUBPROTOCOL_KEY = "openai-insecure-api-key."
 
@@ -137,7 +138,7 @@ class Refusal:
 
     code: str
     message: str
-    close_code: int = 1008
+    close_code: int = CloseCode.POLICY_VIOLATION
 
 
 def key_holds(api_key, now, elsewhere_than=None):

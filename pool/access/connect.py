@@ -17,10 +17,10 @@ from pool import metrics
 from pool.access import accounting, admission, auth, database, keys
 from pool.access.auth import Refusal
 from pool.conf import get_config
+from pool.states import CloseCode
 
 log = logging.getLogger(__name__)
 
-CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN_LATER = 1001, 1013  # RFC 6455 close codes
 CLAIM_SETTLE_SECONDS = 0.05  # a full pool is asked twice, this far apart, before refusing
 
 
@@ -73,7 +73,7 @@ async def admit(registry, credentials, session_id):
         refusal = Refusal("rate_limit_exceeded", "Too many new sessions from this address; "
                           f"at most {get_config()['CONNECTS_PER_MINUTE']} a minute.")
     if refusal is None and (not registry.accepting or (registry.process_draining and grant.secret is None)):
-        refusal = Refusal("server_shutting_down", "This server is shutting down; connect again.", CLOSE_GOING_AWAY)
+        refusal = Refusal("server_shutting_down", "This server is shutting down; connect again.", CloseCode.GOING_AWAY)
     if refusal is None:
         grant.unit = await _claim(registry, grant)
         if grant.unit is None:
@@ -158,7 +158,7 @@ def _database_refusal(exc, what):
     if isinstance(exc, database.DatabaseBusyError):
         log.warning("%s could not be checked in time: the database is busy (%s)", what, exc)
         return Refusal("server_busy", f"The server cannot check {what} right now (the database is "
-                       "busy); try again shortly.", CLOSE_TRY_AGAIN_LATER)
+                       "busy); try again shortly.", CloseCode.TRY_AGAIN_LATER)
     log.warning("%s could not be checked: the database is unavailable (%s)", what, str(exc).strip())
     return Refusal("database_unavailable", f"The server cannot check {what} right now; try again "
-                   "shortly.", CLOSE_TRY_AGAIN_LATER)
+                   "shortly.", CloseCode.TRY_AGAIN_LATER)

@@ -26,14 +26,13 @@ from pool.access.connect import Refusal, admit
 from pool.conf import get_config
 from pool.history.recordings import SessionRecording
 from pool.ids import new_id
-from pool.states import EndReason
+from pool.states import CloseCode, EndReason
 from realtime.errors import ProtocolError
 from realtime.session.session import RealtimeSession
 from realtime.session_config import session_defaults
 
 log = logging.getLogger(__name__)
 
-CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR = 1000, 1001, 1011  # RFC 6455 close codes
 SUBMIT_WAIT_LIMIT = 5.0  # seconds a client event waits for room in the unit's input, then server_busy
 
 LIVE = weakref.WeakSet()  # this process's live sessions, for shutdown
@@ -68,7 +67,7 @@ async def open_session(registry, credentials, transport, model=""):
         live.start()
     except BaseException:
         live.end_reason = EndReason.ERROR
-        live.end(CLOSE_INTERNAL_ERROR)  # the unit goes back, the row (if written) ends
+        live.end(CloseCode.INTERNAL_ERROR)  # the unit goes back, the row (if written) ends
         raise
     return live
 
@@ -190,19 +189,19 @@ class LiveSession:
             if max_seconds and now - self.started >= max_seconds:
                 self.session.send_error(ProtocolError(
                     "session_expired", f"Your session hit the maximum duration of {max_seconds:g} seconds."))
-                await self.stop(EndReason.SESSION_EXPIRED, CLOSE_NORMAL)
+                await self.stop(EndReason.SESSION_EXPIRED, CloseCode.NORMAL)
                 return
             if idle_timeout and now - self.last_client_event >= idle_timeout:
                 self.session.send_error(ProtocolError(
                     "idle_timeout", f"No client event for {idle_timeout:g} s; closing the session."))
-                await self.stop(EndReason.IDLE_TIMEOUT, CLOSE_NORMAL)
+                await self.stop(EndReason.IDLE_TIMEOUT, CloseCode.NORMAL)
                 return
             deadlines = [self.started + max_seconds if max_seconds else None,
                          self.last_client_event + idle_timeout if idle_timeout else None]
             await asyncio.sleep(min(d for d in deadlines if d is not None) - now)
 
 
-async def close_all(reason=EndReason.SHUTDOWN, code=CLOSE_GOING_AWAY):
+async def close_all(reason=EndReason.SHUTDOWN, code=CloseCode.GOING_AWAY):
     """Close every live session of this process (shutdown) and wait until each has ended (the
     transport has closed, the unit is released and the end recorded); returns how many."""
     sessions = list(LIVE)
