@@ -359,12 +359,19 @@ def validate(session):
     _validate_turn_detection(audio_in.get("turn_detection"))
 
 
+def _object_or_null(value, param):
+    """False for null (the feature is off); True for an object; else invalid_type."""
+    if value is None:
+        return False
+    if not isinstance(value, dict):
+        _fail(param, f"{param.rsplit('.', 1)[-1]} must be an object or null.", "invalid_type")
+    return True
+
+
 def _validate_transcription(transcription):
     param = "audio.input.transcription"
-    if transcription is None:
+    if not _object_or_null(transcription, param):
         return
-    if not isinstance(transcription, dict):
-        _fail(param, "transcription must be an object or null.", "invalid_type")
     model = transcription.get("model")
     if model is not None and not isinstance(model, str):
         _fail(f"{param}.model", "'model' must be a string.", "invalid_type")
@@ -382,10 +389,8 @@ def _validate_transcription(transcription):
 
 def _validate_noise_reduction(noise_reduction):
     param = "audio.input.noise_reduction"
-    if noise_reduction is None:
+    if not _object_or_null(noise_reduction, param):
         return
-    if not isinstance(noise_reduction, dict):
-        _fail(param, "noise_reduction must be an object or null.", "invalid_type")
     if noise_reduction.get("type") not in NOISE_REDUCTION_TYPES:
         _fail(f"{param}.type", f"noise_reduction.type must be one of {', '.join(NOISE_REDUCTION_TYPES)}.")
     if "strength" in noise_reduction:

@@ -126,26 +126,37 @@ def test_openai_compatible_backend_streams_text_and_assembles_tool_calls(chat_se
     assert sent["tools"][0]["function"]["name"] == "get_weather" and sent["model"] == "some-model"
 
 
-async def test_openai_compatible_backend_through_the_protocol(chat_server, settings, transactional_db):
-    from s2s_project.asgi import application
-
+@pytest.fixture
+def endpoint_pool(chat_server, settings, transactional_db):
+    """A pool of one unit whose LLM is the scripted chat-completions server (real Silero VAD,
+    scripted STT and TTS), installed as the process's pool."""
     settings.S2S = {"BACKEND": "scripted", "ALLOW_ANONYMOUS": True}
     vad = SileroVAD(default_paths("/nonexistent")["vad"])
     registry = PoolRegistry(Backends(vad, ScriptedSTT(), OpenAICompatibleLLM(chat_server, "", "m"),
                                      ScriptedTTS()), 1, 1.0, NoRecords())
     previous = set_registry(registry)
-    try:
-        communicator = WebsocketCommunicator(application, "/v1/realtime")
-        assert (await communicator.connect())[0]
-        text = await round_trip(Client(communicator))
-        assert text == 'It is {"temp_c": 21} outside.'
-        follow_up = ScriptedChatCompletions.requests[-1]["messages"]
-        assert follow_up[-2]["tool_calls"][0]["id"] == "call_abc"
-        assert follow_up[-1] == {"role": "tool", "tool_call_id": "call_abc", "content": '{"temp_c": 21}'}
-        await communicator.disconnect()
-    finally:
-        registry.shutdown()
-        set_registry(previous)
+    yield registry
+    registry.shutdown()
+    set_registry(previous)
+
+
+async def endpoint_client():
+    from s2s_project.asgi import application
+
+    communicator = WebsocketCommunicator(application, "/v1/realtime")
+    assert (await communicator.connect())[0]
+    return Client(communicator)
+
+
+@pytest.mark.usefixtures("endpoint_pool")
+async def test_openai_compatible_backend_through_the_protocol():
+    client = await endpoint_client()
+    text = await round_trip(client)
+    assert text == 'It is {"temp_c": 21} outside.'
+    follow_up = ScriptedChatCompletions.requests[-1]["messages"]
+    assert follow_up[-2]["tool_calls"][0]["id"] == "call_abc"
+    assert follow_up[-1] == {"role": "tool", "tool_call_id": "call_abc", "content": '{"temp_c": 21}'}
+    await client.ws.disconnect()
 
 
 @pytest.mark.parametrize("pieces, spoken, calls", [
@@ -163,38 +174,25 @@ def test_tool_call_catcher_for_models_without_native_tools(pieces, spoken, calls
     assert "".join(said) == "".join(spoken) and called == calls
 
 
-async def test_reasoning_and_parallel_tool_calls_reach_an_openai_compatible_endpoint(
-        chat_server, settings, transactional_db):
-    from s2s_project.asgi import application
-
-    settings.S2S = {"BACKEND": "scripted", "ALLOW_ANONYMOUS": True}
-    vad = SileroVAD(default_paths("/nonexistent")["vad"])
-    registry = PoolRegistry(Backends(vad, ScriptedSTT(), OpenAICompatibleLLM(chat_server, "", "m"),
-                                     ScriptedTTS()), 1, 1.0, NoRecords())
-    previous = set_registry(registry)
-    try:
-        communicator = WebsocketCommunicator(application, "/v1/realtime")
-        assert (await communicator.connect())[0]
-        client = Client(communicator)
-        await client.until("session.created")
-        await client.send({"type": "session.update", "session": {
-            "tools": [WEATHER], "output_modalities": ["text"], "reasoning": {"effort": "low"},
-            "parallel_tool_calls": False}})
-        updated = await client.until("session.updated")
-        assert updated["session"]["reasoning"] == {"effort": "low"} and updated["session"]["parallel_tool_calls"] is False
-        await client.send(image_message())
-        await client.until("conversation.item.done")
-        await ask(client, "Weather in Paris?")
-        sent = ScriptedChatCompletions.requests[-1]
-        assert (sent["reasoning_effort"], sent["parallel_tool_calls"]) == ("low", False)
-        pictured = sent["messages"][1]["content"]  # an endpoint reads images: they go as image_url parts
-        assert pictured[1] == {"type": "image_url", "image_url": {"url": PIXEL, "detail": "low"}}
-        await client.send({"type": "response.create", "response": {"reasoning": {"effort": "high"}, "tools": []}})
-        await client.until("response.done")
-        sent = ScriptedChatCompletions.requests[-1]
-        assert sent["reasoning_effort"] == "high" and "parallel_tool_calls" not in sent  # no tools offered
-        assert "error" not in client.types()
-        await communicator.disconnect()
-    finally:
-        registry.shutdown()
-        set_registry(previous)
+@pytest.mark.usefixtures("endpoint_pool")
+async def test_reasoning_and_parallel_tool_calls_reach_an_openai_compatible_endpoint():
+    client = await endpoint_client()
+    await client.until("session.created")
+    await client.send({"type": "session.update", "session": {
+        "tools": [WEATHER], "output_modalities": ["text"], "reasoning": {"effort": "low"},
+        "parallel_tool_calls": False}})
+    updated = await client.until("session.updated")
+    assert updated["session"]["reasoning"] == {"effort": "low"} and updated["session"]["parallel_tool_calls"] is False
+    await client.send(image_message())
+    await client.until("conversation.item.done")
+    await ask(client, "Weather in Paris?")
+    sent = ScriptedChatCompletions.requests[-1]
+    assert (sent["reasoning_effort"], sent["parallel_tool_calls"]) == ("low", False)
+    pictured = sent["messages"][1]["content"]  # an endpoint reads images: they go as image_url parts
+    assert pictured[1] == {"type": "image_url", "image_url": {"url": PIXEL, "detail": "low"}}
+    await client.send({"type": "response.create", "response": {"reasoning": {"effort": "high"}, "tools": []}})
+    await client.until("response.done")
+    sent = ScriptedChatCompletions.requests[-1]
+    assert sent["reasoning_effort"] == "high" and "parallel_tool_calls" not in sent  # no tools offered
+    assert "error" not in client.types()
+    await client.ws.disconnect()

@@ -6,6 +6,7 @@ scripted backend, and with the real models in ``test_e2e.py``."""
 
 import base64
 import copy
+import functools
 import re
 import types
 import typing
@@ -104,6 +105,7 @@ def _get(config, path):
     return node
 
 
+@functools.cache
 def documented():
     """``{field path: what docs/PROTOCOL.md says of it}`` from its table of SDK fields."""
     text = (PROJECT_DIR / "docs" / "PROTOCOL.md").read_text()
