@@ -148,6 +148,12 @@ DEFAULTS = {
     # input_image parts: data: URLs always; http(s) image URLs only of these hosts (the LLM
     # endpoint would fetch them, so a client cannot make it fetch arbitrary URLs). Default: none.
     "IMAGE_URL_HOSTS": [],
+    # A session's `mcp` tools: the server lists their tools and calls them itself, on these hosts
+    # only (so a client cannot make it send requests anywhere else), each list or call within
+    # MCP_TIMEOUT_SECONDS; a reply runs at most MCP_MAX_ROUNDS rounds of calls.
+    "MCP_SERVER_HOSTS": ["127.0.0.1", "localhost", "::1"],
+    "MCP_TIMEOUT_SECONDS": 10.0,
+    "MCP_MAX_ROUNDS": 3,
     # Session history (the admin's session page): at most this many records (items, errors,
     # responses) are kept per session; past it they are only counted.
     "HISTORY_MAX_ITEMS": 2000,

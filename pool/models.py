@@ -209,7 +209,10 @@ class ConversationItem(models.Model):
 
     MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR, NOTICE = (
         "message", "function_call", "function_call_output", "error", "notice")
-    KINDS = [(k, k.replace("_", " ")) for k in (MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR, NOTICE)]
+    # The items of MCP tools, which the server runs (realtime.session.mcp).
+    MCP_KINDS = ("mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response")
+    KINDS = [(k, k.replace("_", " ").replace("mcp", "MCP"))
+             for k in (MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, *MCP_KINDS, ERROR, NOTICE)]
 
     session = models.ForeignKey(Session, to_field="session_id", on_delete=models.CASCADE, related_name="items")
     item_id = models.CharField(max_length=64, help_text="The item's id (an error's event id).")

@@ -117,6 +117,7 @@ def _issue(request, api_key, user):
         if session["type"] != "realtime":
             raise ProtocolError("invalid_value", "Only realtime sessions are served here.", param="session.type")
         sc.check_languages(session, registry.speaks)
+        sc.check_mcp_hosts(session, config["MCP_SERVER_HOSTS"])
     except RequestDataTooBig:
         return _error(413, "request_too_large", "The request body is too large.")
     except ProtocolError as error:

@@ -86,6 +86,19 @@ class FunctionCallOutputItem(TypedDict, total=False):
 
 
 @with_config(STRICT)
+class McpApprovalResponseItem(TypedDict, total=False):
+    """The client's answer to an ``mcp_approval_request`` item (``approve``: run the call)."""
+
+    type: Required[Literal["mcp_approval_response"]]
+    id: Id
+    object: Literal["realtime.item"]
+    status: Status
+    approval_request_id: Required[Id]
+    approve: Required[bool]
+    reason: str | None
+
+
+@with_config(STRICT)
 class ItemReference(TypedDict):
     """A ``response.input`` entry naming an item already in the conversation."""
 
@@ -98,9 +111,11 @@ def _item_type(value):
     return value.get("type", "message") if isinstance(value, dict) else None
 
 
-ITEM_TYPES = ("message", "function_call", "function_call_output")  # the items a client may create
+# the items a client may create
+ITEM_TYPES = ("message", "function_call", "function_call_output", "mcp_approval_response")
 _ITEMS = (Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-          | Annotated[FunctionCallOutputItem, Tag("function_call_output")])
+          | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+          | Annotated[McpApprovalResponseItem, Tag("mcp_approval_response")])
 Item = Annotated[_ITEMS, Discriminator(_item_type)]
 InputEntry = Annotated[_ITEMS | Annotated[ItemReference, Tag("item_reference")], Discriminator(_item_type)]
 

@@ -12,8 +12,10 @@ field whether it is acted on.
 """
 
 import copy
+import re
 import typing
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from openai.types.realtime import (
     AudioTranscriptionParam,
@@ -26,6 +28,7 @@ from openai.types.realtime import (
 from openai.types.realtime.noise_reduction_type import NoiseReductionType
 from openai.types.realtime.realtime_audio_config_input_param import NoiseReduction
 from openai.types.realtime.realtime_reasoning_effort import RealtimeReasoningEffort
+from openai.types.realtime.realtime_tools_config_union_param import Mcp
 
 from pool.backends.voices import voice_language
 from pool.pipeline.messages import TurnDetection
@@ -130,7 +133,8 @@ class SessionDefaults:
     ``speaks``: ``PoolRegistry.speaks`` (the loaded models' languages, voices and STT name);
     ``max_output_tokens``: the cap of every response; ``context_chars``: the LLM context budget
     (characters); ``turn_detection``: "server_vad" or "semantic_vad"; the rest as the settings of
-    the same names (INTERRUPT_MIN_SPEECH_MS, BACKCHANNEL_*, HISTORY_MAX_ITEMS, IMAGE_URL_HOSTS).
+    the same names (INTERRUPT_MIN_SPEECH_MS, BACKCHANNEL_*, HISTORY_MAX_ITEMS, IMAGE_URL_HOSTS,
+    MCP_*).
     """
 
     model: str
@@ -146,6 +150,9 @@ class SessionDefaults:
     backchannel_words_by_language: dict
     history_max_items: int
     image_url_hosts: tuple = ()
+    mcp_server_hosts: tuple = ()
+    mcp_timeout_seconds: float = 10.0
+    mcp_max_rounds: int = 3
 
     def session(self, session_id):
         """A new session's configuration (``default_session``)."""
@@ -170,6 +177,9 @@ def session_defaults(config, speaks, model="s2s-default"):
         backchannel_words_by_language=config["BACKCHANNEL_WORDS_BY_LANGUAGE"],
         history_max_items=config["HISTORY_MAX_ITEMS"],
         image_url_hosts=tuple(config["IMAGE_URL_HOSTS"]),
+        mcp_server_hosts=tuple(config["MCP_SERVER_HOSTS"]),
+        mcp_timeout_seconds=config["MCP_TIMEOUT_SECONDS"],
+        mcp_max_rounds=config["MCP_MAX_ROUNDS"],
     )
 
 
@@ -475,13 +485,26 @@ def validate_max_output_tokens(value, param):
 
 
 def validate_tools(tools, tool_choice, prefix):
-    """``tools``: a list of function tools; ``tool_choice``: auto, none, required or a function."""
+    """``tools``: function tools and (in a session) ``mcp`` tools; ``tool_choice``: auto, none,
+    required, a function, or an MCP server's tool. Raises ProtocolError naming the field."""
     if not isinstance(tools, list):
         raise ProtocolError("invalid_type", "'tools' must be a list.", param=f"{prefix}.tools")
+    labels = set()
     for i, tool in enumerate(tools):
         param = f"{prefix}.tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise ProtocolError("invalid_value", "Only function tools are supported.", param=param)
+        kind = tool.get("type", "function") if isinstance(tool, dict) else None
+        if kind == "mcp" and prefix == "session":
+            _validate_mcp_tool(tool, param)
+            if tool["server_label"] in labels:
+                raise ProtocolError("invalid_value", "Each MCP tool needs its own server_label.",
+                                    param=f"{param}.server_label")
+            labels.add(tool["server_label"])
+            continue
+        if kind == "mcp":
+            raise ProtocolError("invalid_value", "MCP tools are set for the session (session.update), not "
+                                "for one response.", param=param)
+        if kind != "function":
+            raise ProtocolError("invalid_value", "Only function and mcp tools are supported.", param=param)
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise ProtocolError("invalid_value", "A function tool needs a 'name'.", param=f"{param}.name")
         if not isinstance(tool.get("parameters", {}), dict):
@@ -489,10 +512,74 @@ def validate_tools(tools, tool_choice, prefix):
                                 param=f"{param}.parameters")
     if tool_choice in ("auto", "none", "required"):
         return
-    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("name"), str):
+    if isinstance(tool_choice, dict) and tool_choice.get("type", "function") == "function" \
+            and isinstance(tool_choice.get("name"), str):
         return
-    raise ProtocolError("invalid_value", "tool_choice must be auto, none, required or a function.",
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "mcp" \
+            and isinstance(tool_choice.get("server_label"), str) and isinstance(tool_choice.get("name", ""), str):
+        return
+    raise ProtocolError("invalid_value", "tool_choice must be auto, none, required, a function or an MCP tool.",
                         param=f"{prefix}.tool_choice")
+
+
+MCP_TOOL_KEYS = frozenset(typing.get_type_hints(Mcp))  # the fields of an ``mcp`` tool, from the pinned SDK
+_MCP_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_MCP_FILTER_KEYS = frozenset({"tool_names", "read_only"})
+
+
+def _validate_mcp_tool(tool, param):
+    """One ``mcp`` tool of a session: a ``server_label``, an http(s) ``server_url`` (OpenAI's
+    connectors and tunnels are not here), string headers, and filters of the SDK's shapes."""
+    for key in tool:
+        if key not in MCP_TOOL_KEYS:
+            raise ProtocolError("unknown_parameter", f"Unknown parameter: '{param}.{key}'.", param=f"{param}.{key}")
+    if not isinstance(tool.get("server_label"), str) or not _MCP_LABEL.fullmatch(tool["server_label"]):
+        raise ProtocolError("invalid_value", "server_label must be 1 to 64 letters, digits, '_' or '-'.",
+                            param=f"{param}.server_label")
+    for key in ("connector_id", "tunnel_id"):
+        if tool.get(key):
+            raise ProtocolError("invalid_value", f"{key} names a service of OpenAI's; give this server an MCP "
+                                "server_url instead.", param=f"{param}.{key}")
+    url = tool.get("server_url")
+    if not isinstance(url, str) or len(url) > 2048 or not url.startswith(("http://", "https://")) \
+            or not urlsplit(url).hostname:
+        raise ProtocolError("invalid_value", "An MCP tool needs an http(s) server_url.", param=f"{param}.server_url")
+    headers = tool.get("headers")
+    if headers is not None and (not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) + len(v) <= 8192 for k, v in headers.items())):
+        raise ProtocolError("invalid_type", "'headers' must map names to strings.", param=f"{param}.headers")
+    if not isinstance(tool.get("authorization", ""), str):
+        raise ProtocolError("invalid_type", "'authorization' must be a string.", param=f"{param}.authorization")
+    allowed = tool.get("allowed_tools")
+    if allowed is not None and not _is_names(allowed) and not _is_tool_filter(allowed):
+        raise ProtocolError("invalid_value", "allowed_tools must be a list of tool names or a filter "
+                            "{tool_names, read_only}.", param=f"{param}.allowed_tools")
+    approval = tool.get("require_approval")
+    if approval is not None and approval not in ("always", "never") and not (
+            isinstance(approval, dict) and set(approval) <= {"always", "never"}
+            and all(_is_tool_filter(value) for value in approval.values())):
+        raise ProtocolError("invalid_value", "require_approval must be 'always', 'never' or "
+                            "{always, never} filters.", param=f"{param}.require_approval")
+
+
+def _is_names(value):
+    return isinstance(value, list) and all(isinstance(name, str) for name in value)
+
+
+def _is_tool_filter(value):
+    return isinstance(value, dict) and set(value) <= _MCP_FILTER_KEYS and _is_names(value.get("tool_names", [])) \
+        and isinstance(value.get("read_only", False), bool)
+
+
+def check_mcp_hosts(config, hosts):
+    """The MCP servers of a session are on hosts the operator allows (``MCP_SERVER_HOSTS``), so
+    that a client cannot make the server send requests anywhere else. Raises ProtocolError
+    ``invalid_value``."""
+    for index, tool in enumerate(config["tools"]):
+        if tool.get("type") == "mcp" and urlsplit(tool["server_url"]).hostname not in hosts:
+            raise ProtocolError("invalid_value", "This server may call MCP servers on " + (
+                ", ".join(hosts) if hosts else "no host") + " only (MCP_SERVER_HOSTS).",
+                param=f"session.tools[{index}].server_url")
 
 
 def effective_silence_ms(td):

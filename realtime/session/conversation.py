@@ -2,7 +2,8 @@
 
 Items are GA ``realtime.item`` dicts. Keys starting with ``_`` are private bookkeeping (the audio
 length of an assistant item, ``_audio_ms``) and never reach the wire (``public``). Every item dict
-the server makes is built here (``user_audio_item``, ``assistant_message``, ``function_call``).
+the server makes is built here (``user_audio_item``, ``assistant_message``, ``function_call``,
+the ``mcp_*`` items of MCP tools).
 """
 
 import copy
@@ -38,6 +39,22 @@ def assistant_message(modality):
 
 def function_call(call_id, name):
     return new_item("function_call", "in_progress", call_id=call_id, name=name, arguments="")
+
+
+def mcp_call(server_label, name, approval_request_id=None):
+    """A new, in-progress call of tool ``name`` of MCP server ``server_label``, run by the server."""
+    return new_item("mcp_call", "in_progress", server_label=server_label, name=name, arguments="",
+                    approval_request_id=approval_request_id, output=None, error=None)
+
+
+def mcp_approval_request(server_label, name, arguments):
+    """The model's call of an MCP tool that waits for the client's ``mcp_approval_response``."""
+    return new_item("mcp_approval_request", "completed", server_label=server_label, name=name, arguments=arguments)
+
+
+def mcp_list_tools(server_label):
+    """The tools of MCP server ``server_label``, being listed (``tools`` filled in when done)."""
+    return new_item("mcp_list_tools", "in_progress", server_label=server_label, tools=[])
 
 
 def normalise_item(item):
@@ -76,18 +93,23 @@ def check_images(item, allowed_hosts, param="item"):
                                 + ".", param=f"{where}.image_url")
 
 
-def item_message(item, with_images=False):
-    """A conversation item as a chat-completions message for the LLM (None when it has no text,
-    nor images it may send). ``with_images``: its images go as ``image_url`` parts (an
-    endpoint that reads images); otherwise they are left out."""
+def item_messages(item, with_images=False):
+    """A conversation item as chat-completions messages for the LLM: none when it has no text
+    (nor images it may send), two for an MCP call (the call and its result), else one.
+    ``with_images``: its images go as ``image_url`` parts (an endpoint that reads images);
+    otherwise they are left out."""
     if item["type"] == "function_call":
-        return {"role": "assistant", "content": None, "tool_calls": [{
-            "id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]}}]}
+        return [_tool_call(item["call_id"], item["name"], item["arguments"])]
     if item["type"] == "function_call_output":
-        return {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+        return [{"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}]
+    if item["type"] == "mcp_call":
+        if item.get("output") is None and item.get("error") is None:
+            return []  # still running, or cut short: no result to show the model
+        result = item["output"] if item.get("error") is None else f"Error: {item['error']['message']}"
+        return [_tool_call(item["id"], item["name"], item["arguments"]),
+                {"role": "tool", "tool_call_id": item["id"], "content": result}]
     texts = []
-    for part in item.get("content", []):
+    for part in item.get("content") or ():
         text = part.get("text") if part.get("type") in ("input_text", "text", "output_text") else part.get("transcript")
         if text:
             texts.append(text)
@@ -97,10 +119,15 @@ def item_message(item, with_images=False):
         for part in pictures:
             url = {"url": part["image_url"], **({"detail": part["detail"]} if part.get("detail") else {})}
             parts.append({"type": "image_url", "image_url": url})
-        return {"role": item["role"], "content": parts}
+        return [{"role": item["role"], "content": parts}]
     if not texts:
-        return None
-    return {"role": item["role"], "content": " ".join(texts)}
+        return []
+    return [{"role": item["role"], "content": " ".join(texts)}]
+
+
+def _tool_call(call_id, name, arguments):
+    return {"role": "assistant", "content": None, "tool_calls": [{
+        "id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}
 
 
 def _cost(message):
@@ -166,13 +193,13 @@ class Conversation:
 
     def llm_messages(self, instructions, items, truncation, budget, with_images=False):
         """System instructions and ``items`` (None: the whole conversation) as chat messages
-        (``with_images``: see ``item_message``).
+        (``with_images``: see ``item_messages``).
 
         With ``truncation`` "auto" only the most recent messages that fit ``budget`` characters
         of JSON are sent, so a long call keeps a bounded prompt; "disabled" sends all.
         """
         items = list(self.items.values()) if items is None else items
-        history = [message for message in (item_message(item, with_images) for item in items) if message]
+        history = [message for item in items for message in item_messages(item, with_images)]
         if truncation != "disabled":
             kept = []
             for message in reversed(history):

@@ -21,6 +21,7 @@ class ConversationEvents:
         self._image_hosts = tuple(image_hosts)
 
     def create(self, event):
+        """Add the client's item; returns it, as the conversation holds it."""
         items = self._conversation.items
         item, previous = event["item"], event.get("previous_item_id")
         if previous is not None and previous != "root" and previous not in items:
@@ -34,8 +35,24 @@ class ConversationEvents:
         if item["type"] == "function_call_output" and not self._conversation.has_call(item["call_id"]):
             raise ProtocolError("invalid_tool_call_id", f"No function call with call_id "
                                 f"'{item['call_id'][:100]}' in the conversation.", param="item.call_id")
+        if item["type"] == "mcp_approval_response":
+            self._check_approval(item)
         self.insert(item, previous)
         self._history.item(item)
+        return item
+
+    def _check_approval(self, item):
+        """An ``mcp_approval_response`` answers an ``mcp_approval_request`` of the conversation,
+        once."""
+        request_id = item["approval_request_id"]
+        request = self._conversation.items.get(request_id)
+        if request is None or request["type"] != "mcp_approval_request":
+            raise ProtocolError("item_not_found", f"No MCP approval request '{request_id}' in the conversation.",
+                                param="item.approval_request_id")
+        if any(other["type"] == "mcp_approval_response" and other["approval_request_id"] == request_id
+               for other in self._conversation.items.values()):
+            raise ProtocolError("invalid_value", f"The MCP approval request '{request_id}' is answered already.",
+                                param="item.approval_request_id")
 
     def retrieve(self, event):
         item = self._conversation.get(event["item_id"])

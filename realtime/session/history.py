@@ -18,11 +18,23 @@ from realtime.session.conversation import public
 
 def item_text(item):
     """The words of an item: its text or transcript parts, a call's ``name(arguments)``, a
-    call's output."""
-    if item["type"] == "function_call":
+    call's output; an MCP call's ``label.name(arguments) -> output``, the tools an MCP server
+    listed, an approval's answer."""
+    kind = item["type"]
+    if kind == "function_call":
         return f"{item.get('name', '')}({item.get('arguments', '')})"
-    if item["type"] == "function_call_output":
+    if kind == "function_call_output":
         return item.get("output", "")
+    if kind in ("mcp_call", "mcp_approval_request"):
+        call = f"{item['server_label']}.{item['name']}({item['arguments']})"
+        if kind == "mcp_approval_request":
+            return call
+        return f"{call} -> " + (item.get("output") or "" if item.get("error") is None
+                                else f"error: {item['error']['message']}")
+    if kind == "mcp_list_tools":
+        return f"{item['server_label']}: " + ", ".join(tool["name"] for tool in item["tools"])
+    if kind == "mcp_approval_response":
+        return ("approved" if item["approve"] else "refused") + (f": {item['reason']}" if item.get("reason") else "")
     parts = (part.get("text") or part.get("transcript") or "" for part in item.get("content", []))
     return " ".join(p for p in parts if p)
 

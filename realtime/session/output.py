@@ -80,6 +80,36 @@ class ResponseOutput:
         self._send("response.function_call_arguments.done", name=name, arguments=arguments, **where)
         self._finish(item, "completed")
 
+    def add_mcp_call(self, server_label, name, arguments, approval_request_id=None):
+        """A call of an MCP tool that the server runs now (``finish_mcp_call`` when it is done).
+        Returns its item."""
+        self.close("completed")
+        item = conv.mcp_call(server_label, name, approval_request_id)
+        self._add(item)
+        where = self.where(item, content=False)
+        self._send("response.mcp_call_arguments.delta", delta=arguments, **where)
+        item["arguments"] = arguments
+        self._send("response.mcp_call_arguments.done", arguments=arguments, **where)
+        self._send("response.mcp_call.in_progress", item_id=item["id"], output_index=where["output_index"])
+        return item
+
+    def finish_mcp_call(self, item, output=None, error=None):
+        """An MCP call is done: its ``output`` text, or its ``error`` (an ``mcp_call`` error object;
+        None for both: cut short by the end of the response)."""
+        item["output"], item["error"] = output, error
+        failed = output is None
+        self._send("response.mcp_call.failed" if failed else "response.mcp_call.completed",
+                   item_id=item["id"], output_index=self.items.index(item))
+        self._finish(item, "incomplete" if failed else "completed")
+
+    def add_mcp_approval_request(self, server_label, name, arguments):
+        """The model called an MCP tool that needs the client's approval: the call waits for an
+        ``mcp_approval_response`` item."""
+        self.close("completed")
+        item = conv.mcp_approval_request(server_label, name, arguments)
+        self._add(item)
+        self._finish(item, "completed")
+
     def truncate(self, audio_end_ms):
         """The client cut the open item at ``audio_end_ms`` while it played: the transcript is
         cut to match when the item closes."""

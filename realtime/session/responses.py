@@ -25,6 +25,19 @@ class Response:
         self.output = output
         self.metadata = metadata
         self.turns = []  # the user turns this reply is the first to see (realtime.session.turns)
+        # The MCP calls the server runs for it (realtime.session.mcp), round by round: a round is
+        # the LLM's part, then its calls; the next round's LLM sees their results.
+        self.function_names = set()  # the function tools offered (the client runs those)
+        self.round_calls = []  # this round's mcp_call items
+        self.calls_running = {}  # item id -> its asyncio task
+        self.llm_done = False  # this round's LLM part has finished
+        self.rounds = 1
+        self.usage = {"input_tokens": 0, "output_tokens": 0}
+
+    def add_usage(self, usage):
+        """One round's tokens (the first round's prompt counts as the input)."""
+        self.usage["input_tokens"] = self.usage["input_tokens"] or usage.get("input_tokens", 0)
+        self.usage["output_tokens"] += usage.get("output_tokens", 0)
 
     def body(self, status, status_details=None, usage=None):
         return {
@@ -68,7 +81,8 @@ def response_params(config, overrides, resolve_item, max_tokens_cap, image_hosts
     sc.validate_max_output_tokens(max_tokens, "response.max_output_tokens")
     tools = overrides.get("tools", config["tools"])
     tool_choice = overrides.get("tool_choice", config["tool_choice"])
-    sc.validate_tools(tools, tool_choice, "response")
+    if "tools" in overrides or "tool_choice" in overrides:  # the session's were checked at its update
+        sc.validate_tools(overrides.get("tools", []), tool_choice, "response")
     conversation = overrides.get("conversation", "auto")
     if conversation not in ("auto", "none"):
         raise ProtocolError("invalid_value", "conversation must be 'auto' or 'none'.",

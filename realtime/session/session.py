@@ -18,6 +18,7 @@ import json
 import logging
 import re
 import time
+from dataclasses import replace
 
 from pool import metrics
 from pool.backends.base import LLMRequest
@@ -29,10 +30,12 @@ from pool.pipeline.timings import Marks, TurnTimings
 from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
 from realtime.errors import ProtocolError
+from realtime.mcp_client import McpCallError
 from realtime.session import conversation as conv
 from realtime.session import turns
 from realtime.session.conversation_events import ConversationEvents
 from realtime.session.history import SessionHistory
+from realtime.session.mcp import McpServers
 from realtime.session.output import ResponseOutput
 from realtime.session.responses import Response, response_params, with_reply_language
 from realtime.session.turns import TurnTaking
@@ -46,6 +49,19 @@ def server_error(event_id=None):
     """The ``error`` of an event the server failed to carry out (a bug; logged)."""
     return ProtocolError("server_error", "The server failed to carry out this event; the session goes on.",
                          type="server_error", event_id=event_id)
+
+
+def _usage(tokens):
+    """A response's ``usage`` from its ``{"input_tokens", "output_tokens"}``."""
+    return {"total_tokens": tokens["input_tokens"] + tokens["output_tokens"], **tokens}
+
+
+def _llm_tool_choice(tool_choice):
+    """The session's ``tool_choice`` for the LLM, which sees MCP tools as functions: an MCP
+    server's named tool is that function; a server without a name, any tool."""
+    if isinstance(tool_choice, dict) and tool_choice.get("type") == "mcp":
+        return {"type": "function", "name": tool_choice["name"]} if tool_choice.get("name") else "required"
+    return tool_choice
 
 
 @functools.cache
@@ -88,6 +104,10 @@ class RealtimeSession:
         self.conversation_events = ConversationEvents(self.conversation, self.send, self.history,
                                                       defaults.image_url_hosts)
         self._image_hosts = defaults.image_url_hosts
+        self.mcp = McpServers(self.send, self.send_error, self.conversation_events, self.history,
+                              defaults.mcp_timeout_seconds)
+        self._mcp_hosts, self._mcp_max_rounds = defaults.mcp_server_hosts, defaults.mcp_max_rounds
+        self._approved = []  # mcp_approval_request items approved, run by the next response
         self._images_dropped = False  # the one notice per session that the LLM reads no images
         self._recording = recording
         self._input_format = None
@@ -127,6 +147,7 @@ class RealtimeSession:
         self.send("session.created", session=copy.deepcopy(self.config))
         if error is not None:
             self.send_error(error)
+        self.mcp.configure(self.config["tools"])
 
     def close(self):
         """The client is gone: stop the active response's generation and speech now, and close
@@ -136,10 +157,13 @@ class RealtimeSession:
             self._idle_timer.cancel()
         if self.response is not None:
             self.response.job.cancelled.set()
+            for task in self.response.calls_running.values():
+                task.cancel()
+        self.mcp.close()
         self.stats.update(self.history.close())
         # The parts it owns (and turn-taking's view of the active response) send through it:
         # without these references, it goes by refcount.
-        self.response = self.turns.response = self.conversation_events = None
+        self.response = self.turns.response = self.conversation_events = self.mcp = None
 
     # --- turn-taking's decisions ----------------------------------------------------------
 
@@ -236,11 +260,13 @@ class RealtimeSession:
     def _on_session_update(self, event):
         self._update_config(event["session"])
         self.send("session.updated", session=copy.deepcopy(self.config))
+        self.mcp.configure(self.config["tools"])
 
     def _update_config(self, update):
         """Apply a ``session.update`` body, all or nothing. Raises ProtocolError."""
         config = sc.apply_update(self.config, update)
         sc.check_languages(config, self._speaks)
+        sc.check_mcp_hosts(config, self._mcp_hosts)
         self.config = config
         self.turns.language = (config["audio"]["input"]["transcription"] or {}).get("language") or self._turn_language
         self._configure_input()
@@ -277,7 +303,12 @@ class RealtimeSession:
                             "conversation.item.truncate.")
 
     def _on_conversation_item_create(self, event):
-        self.conversation_events.create(event)
+        item = self.conversation_events.create(event)
+        if item["type"] == "mcp_approval_response" and item["approve"]:
+            # The approved call runs in a response of its own, now or when the active one ends.
+            self._approved.append(self.conversation.get(item["approval_request_id"]))
+            if self.response is None:
+                self.create_response({}, event.get("event_id"))
 
     def _on_conversation_item_retrieve(self, event):
         self.conversation_events.retrieve(event)
@@ -350,7 +381,9 @@ class RealtimeSession:
             log.info("session %s: the LLM reads no images; they are left out of its prompt", self.id)
             self.history.notice("The LLM reads no images: the images of this conversation were left out of "
                                 "its prompt.")
-        request = LLMRequest(messages, params["max_tokens"], params["tools"], params["tool_choice"],
+        functions = [tool for tool in params["tools"] if tool.get("type", "function") == "function"]
+        tools = functions + self.mcp.offered(besides={tool["name"] for tool in functions})
+        request = LLMRequest(messages, params["max_tokens"], tools, _llm_tool_choice(params["tool_choice"]),
                              reasoning_effort=params["reasoning_effort"],
                              parallel_tool_calls=params["parallel_tool_calls"])
         voice = params["voice"] if language is None else voice_for_language(
@@ -362,7 +395,9 @@ class RealtimeSession:
         output = ResponseOutput(response_id, params["modality"], params["conversation"], voice, self.send,
                                 self.conversation, self.history)
         response = Response(response_id, job, output, params["metadata"], automatic)
-        if not self._port.submit(job):
+        response.function_names = {tool["name"] for tool in functions}  # the client's to run; the rest MCP's
+        approved, self._approved = self._approved, []
+        if not approved and not self._port.submit(job):
             raise ProtocolError("server_busy", "The unit cannot take another response now.",
                                 type="server_error", event_id=event_id)
         job.marks.reach("response_created")
@@ -373,6 +408,12 @@ class RealtimeSession:
         self.turns.response_created(response)
         self._arm_idle_timer()  # none runs while a reply is under way
         self.send("response.created", response=response.body("in_progress"))
+        if approved:  # the calls first; the LLM then answers with their results
+            response.llm_done = True
+            for request_item in approved:
+                self._start_mcp_call(response, request_item["server_label"], request_item["name"],
+                                     request_item["arguments"], request_item["id"])
+            self._next_round(response)
 
     def cancel_response(self, reason):
         """Cancel the active response (``reason``: turn_detected or client_cancelled)."""
@@ -383,6 +424,10 @@ class RealtimeSession:
         goes out, and turn-taking decides what comes next."""
         response, self.response = self.response, None
         response.job.cancelled.set()
+        for item_id, task in response.calls_running.items():
+            task.cancel()
+            response.output.finish_mcp_call(next(i for i in response.round_calls if i["id"] == item_id))
+        response.calls_running.clear()
         if status in ("cancelled", "completed"):
             self.stats[f"{status}_responses"] += 1
         response.output.close("completed" if status == "completed" else "incomplete")
@@ -393,6 +438,11 @@ class RealtimeSession:
             log.info("turn timings %s %s", response.id, json.dumps(timings.as_dict()))
             metrics.turn(timings)
         self._carry_out(self.turns.response_ended(response, status, (details or {}).get("reason")))
+        if self._approved and self.response is None:
+            try:
+                self.create_response({})
+            except ProtocolError as error:
+                self.send_error(error)
 
     # --- pipeline events -------------------------------------------------------------------
 
@@ -508,8 +558,66 @@ class RealtimeSession:
 
     def _on_response_function_call(self, event):
         response = self._active(event.response_id)
-        if response is not None:
+        if response is None:
+            return
+        server = None if event.name in response.function_names else self.mcp.find(event.name)
+        if server is None:
             response.output.add_function_call(event.call_id, event.name, event.arguments)
+        elif server.needs_approval(event.name):
+            response.output.add_mcp_approval_request(server.label, event.name, event.arguments)
+        else:
+            self._start_mcp_call(response, server.label, event.name, event.arguments)
+
+    # --- MCP calls, run by the server within a response (realtime.session.mcp) -------------
+
+    def _start_mcp_call(self, response, server_label, name, arguments, approval_request_id=None):
+        item = response.output.add_mcp_call(server_label, name, arguments, approval_request_id)
+        response.round_calls.append(item)
+        server = self.mcp.by_label(server_label)
+        if server is None:  # the session no longer names it (approved before an update)
+            response.output.finish_mcp_call(item, error=McpCallError(
+                "http_error", f"The session has no MCP server '{server_label}' now.").as_error())
+            return
+        task = asyncio.get_running_loop().create_task(self.mcp.call(server, name, arguments))
+        response.calls_running[item["id"]] = task
+        task.add_done_callback(lambda done: self._mcp_call_done(response, item, done))
+
+    def _mcp_call_done(self, response, item, task):
+        if task.cancelled() or response.calls_running.pop(item["id"], None) is None:
+            return  # the response ended first (_end_response closed the item)
+        failure = task.exception()
+        if failure is not None and not isinstance(failure, McpCallError):
+            log.error("session %s: MCP call %s failed", self.id, item["name"], exc_info=failure)
+            failure = McpCallError("http_error", f"{type(failure).__name__}: {failure}")
+        if failure is None:
+            response.output.finish_mcp_call(item, output=task.result())
+        else:
+            response.output.finish_mcp_call(item, error=failure.as_error())
+        self._next_round(response)
+
+    def _next_round(self, response):
+        """When this round's LLM part and calls are done: the next round, which sees the calls'
+        results (without tools after MCP_MAX_ROUNDS rounds, so a reply always ends)."""
+        if response is not self.response or not response.llm_done or response.calls_running:
+            return
+        calls, response.round_calls = response.round_calls, []
+        if not calls:
+            self._end_response("completed", None, _usage(response.usage))
+            return
+        job = response.job
+        messages = job.request.messages + [message for item in response.output.items
+                                           for message in conv.item_messages(item)]
+        last = response.rounds >= self._mcp_max_rounds
+        request = replace(job.request, messages=messages, prefix="", tool_choice="none" if last else "auto")
+        next_job = m.ResponseJob(job.response_id, request, job.modality, job.voice, job.speed, job.encoder,
+                                 marks=job.marks)
+        response.rounds += 1
+        response.llm_done = False
+        response.job = next_job
+        if not self._port.submit(next_job):
+            self._end_response("failed", {"type": "failed", "error": {
+                "type": "server_error", "code": "server_busy", "message": "The unit cannot take the reply's "
+                "next round now."}}, _usage(response.usage))
 
     def _on_response_finished(self, event):
         response = self._active(event.response_id)
@@ -518,14 +626,13 @@ class RealtimeSession:
         if response.output.truncated_ms is not None:
             self.cancel_response("client_cancelled")  # truncated by the client, no cancel came
             return
-        usage = {"total_tokens": event.usage.get("input_tokens", 0) + event.usage.get("output_tokens", 0),
-                 "input_tokens": event.usage.get("input_tokens", 0),
-                 "output_tokens": event.usage.get("output_tokens", 0)}
+        response.add_usage(event.usage)
         if event.error:
             self._end_response("failed", {"type": "failed", "error": {
-                "type": "server_error", "code": "model_error", "message": event.error}}, usage)
+                "type": "server_error", "code": "model_error", "message": event.error}}, _usage(response.usage))
         else:
-            self._end_response("completed", None, usage)
+            response.llm_done = True
+            self._next_round(response)
 
     def _on_stage_failed(self, event):
         self.stats["stage_failures"] += 1
