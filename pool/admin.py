@@ -235,15 +235,15 @@ class SessionAdmin(ReadOnlyAdmin):
 
     list_display = ["session_id", "state_display", "end_reason", "created_at", "duration_display", "turns",
                     "completed_responses", "cancelled_responses", "first_audio_display", "errors", "api_key",
-                    "process", "unit_index", "client_address"]
-    list_filter = ["state", "end_reason", ("quarantined_at", admin.EmptyFieldListFilter), "process", "api_key"]
+                    "process", "unit_index", "transport", "client_address"]
+    list_filter = ["state", "end_reason", "transport", ("quarantined_at", admin.EmptyFieldListFilter), "process", "api_key"]
     search_fields = ["session_id", "api_key__name", "api_key__prefix", "items__text"]
     search_help_text = "A session id, an API key's name or prefix, or words said in the session."
     date_hierarchy = "created_at"
     list_select_related = ["process", "released_by", "api_key"]
     fieldsets = [
         (None, {"fields": ["session_id", "state_display", "end_reason", "close_code", "process", "unit_index",
-                           "api_key", "client_address"]}),
+                           "api_key", "transport", "client_address"]}),
         ("Life", {"fields": ["created_at", "ended_at", "duration_display", "release_after", "drained_at",
                              "quarantined_at", "released_at", "released_by"]}),
         ("Counts", {"fields": ["turns", "responses", "completed_responses", "cancelled_responses",

@@ -168,6 +168,12 @@ DEFAULTS = {
     "RECORD_AUDIO": False,
     # `manage.py prune_sessions` deletes recordings older than this (days; None: keep them).
     "RECORDING_RETENTION_DAYS": 7,
+    # WebRTC (POST /v1/realtime/calls): the addresses offered to clients as host candidates
+    # (env S2S_WEBRTC_HOST_ADDRESSES, comma-separated; empty: every interface's but loopback, as
+    # aiortc finds them) and STUN/TURN servers for clients behind NAT, as a browser's iceServers:
+    # [{"urls": "turn:turn.example.org:3478", "username": "...", "credential": "..."}].
+    "WEBRTC_HOST_ADDRESSES": [],
+    "WEBRTC_ICE_SERVERS": [],
     # Largest client WebSocket message (bytes). OpenAI accepts appends up to 15 MiB; Daphne is
     # configured a little above it so an oversize message gets an error event, not a dead socket.
     "MAX_MESSAGE_BYTES": 15 * 1024 * 1024,

@@ -178,6 +178,9 @@ class Session(models.Model):
     api_key = models.ForeignKey(APIKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions",
                                 verbose_name="API key")
     client_address = models.GenericIPAddressField(null=True, blank=True)
+    TRANSPORTS = [("websocket", "WebSocket"), ("webrtc", "WebRTC")]
+    transport = models.CharField(max_length=16, choices=TRANSPORTS, default="websocket",
+                                 help_text="What carried the session: a WebSocket, or a WebRTC call.")
     completed_responses = models.PositiveIntegerField(default=0)
     first_audio_p50_ms = models.FloatField(
         null=True, blank=True, verbose_name="first audio p50 (ms)",

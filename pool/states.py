@@ -63,6 +63,7 @@ class EndReason(models.TextChoices):
     IDLE_TIMEOUT = "idle_timeout", "idle timeout"
     SESSION_EXPIRED = "session_expired", "session expired"
     CLIENT_TOO_SLOW = "client_too_slow", "client too slow"
+    CONNECTION_LOST = "connection_lost", "connection lost"  # a WebRTC peer's ICE failed (it vanished)
     SHUTDOWN = "shutdown", "shutdown"
     ERROR = "error", "error"
     LOST = "lost", "lost"

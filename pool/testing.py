@@ -77,8 +77,9 @@ class LiveServer:
         self.db = folder / "db.sqlite3"
         self.log = folder / "server.log"
         self.media = folder / "media"  # recordings (RECORD_AUDIO)
+        # WebRTC offers 127.0.0.1 only: a test's media never leaves the loopback range.
         self.env = {**os.environ, "S2S_SQLITE_PATH": str(self.db), "DJANGO_MEDIA_ROOT": str(self.media),
-                    **(env or {})}
+                    "S2S_WEBRTC_HOST_ADDRESSES": "127.0.0.1", **(env or {})}
         if migrate:
             self.manage("migrate", "--noinput", "-v0")
         with open(self.log, "w") as log:

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = 2  # a full cluster: units free up as sessions end and secrets expire
 
 
-def _error(status, code, message, param=None, kind="invalid_request_error", headers=None):
+def error_response(status, code, message, param=None, kind="invalid_request_error", headers=None):
+    """An answer with OpenAI's HTTP error body (``{"error": {"message", "type", "param", "code"}}``)."""
     body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JsonResponse(body, status=status, headers=headers)
 
@@ -53,7 +54,7 @@ def _post_only(view):
     """405 with OpenAI's error body for any method but POST."""
     def wrapper(request):
         if request.method != "POST":
-            return _error(405, "method_not_allowed", "Use POST.", headers={"Allow": "POST"})
+            return error_response(405, "method_not_allowed", "Use POST.", headers={"Allow": "POST"})
         return view(request)
 
     wrapper.__doc__, wrapper.__name__ = view.__doc__, view.__name__
@@ -70,12 +71,12 @@ def create(request):
         try:
             api_key, refusal = auth.check_key(key, None)
         except DatabaseError:
-            return _error(503, "database_unavailable", "The server cannot check API keys right now.",
+            return error_response(503, "database_unavailable", "The server cannot check API keys right now.",
                           kind="server_error")
         if refusal is not None:
-            return _error(401, refusal.code, refusal.message)
+            return error_response(401, refusal.code, refusal.message)
     elif not auth.anonymous_allowed():
-        return _error(401, "invalid_api_key" if key else "missing_api_key",
+        return error_response(401, "invalid_api_key" if key else "missing_api_key",
                       "An API key is required: send 'Authorization: Bearer <key>'.")
     return issue(request, api_key=api_key)
 
@@ -87,7 +88,7 @@ def create_for_user(request):
     Django's session login and CSRF protect it; a host site that wants other rules mounts
     ``issue`` behind its own view."""
     if not (request.user.is_authenticated and request.user.is_active):
-        return _error(403, "login_required", "Log in to this site to talk to its voice agent.")
+        return error_response(403, "login_required", "Log in to this site to talk to its voice agent.")
     return issue(request, user=request.user)
 
 
@@ -98,7 +99,7 @@ def issue(request, api_key=None, user=None):
         return _issue(request, api_key, user)
     except Exception:  # noqa: BLE001 - a bug answers as OpenAI's API would, and is logged
         log.exception("client secret request failed")
-        return _error(500, "server_error", "The server failed to issue a client secret.", kind="server_error")
+        return error_response(500, "server_error", "The server failed to issue a client secret.", kind="server_error")
 
 
 def _issue(request, api_key, user):
@@ -119,9 +120,9 @@ def _issue(request, api_key, user):
         sc.check_languages(session, registry.speaks)
         sc.check_mcp_hosts(session, config["MCP_SERVER_HOSTS"])
     except RequestDataTooBig:
-        return _error(413, "request_too_large", "The request body is too large.")
+        return error_response(413, "request_too_large", "The request body is too large.")
     except ProtocolError as error:
-        return _error(400, error.code, error.message, error.param)
+        return error_response(400, error.code, error.message, error.param)
     expires_at = timezone.now() + timedelta(seconds=seconds)
     local = registry.records.process_id
     try:
@@ -130,13 +131,13 @@ def _issue(request, api_key, user):
     except admission.KeyLimitError:
         held = (f"This API key may hold {api_key.max_sessions} sessions (and unused client secrets)" if api_key
                 else f"You may hold {config['CLIENT_SECRETS_PER_USER']} unused client secrets")
-        return _error(429, "session_limit_reached", f"{held} at once.", kind="rate_limit_error",
+        return error_response(429, "session_limit_reached", f"{held} at once.", kind="rate_limit_error",
                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     except DatabaseError:
-        return _error(503, "database_unavailable", "The server cannot reserve a unit right now.",
+        return error_response(503, "database_unavailable", "The server cannot reserve a unit right now.",
                       kind="server_error", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     if granted is None:
-        return _error(429, "session_limit_reached", "Every unit of every server process is busy or "
+        return error_response(429, "session_limit_reached", "Every unit of every server process is busy or "
                       "reserved; try again shortly.", kind="rate_limit_error",
                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     secret, value = granted

@@ -29,7 +29,7 @@ from pool.conf import get_config
 from pool.process import get_registry, local_registry
 from pool.states import CloseCode, EndReason
 from realtime.errors import ProtocolError
-from realtime.events import parse_client_frame
+from realtime.events import read_client_message
 from realtime.flow import WriteFlow
 from realtime.session.lifecycle import LiveSession, open_session, refusal_event
 
@@ -50,6 +50,8 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
 
     live = None  # the LiveSession, once admitted
     sender = None
+    name = "websocket"  # the session row's transport
+    media_format = None  # the audio is in the events, in the session's formats
 
     async def __call__(self, scope, receive, send):
         try:
@@ -135,15 +137,8 @@ class RealtimeConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         if self.live is None:
             return
-        limit = get_config()["MAX_MESSAGE_BYTES"]
-        size = len(text_data) if text_data is not None else len(bytes_data or b"")
-        if text_data is not None and limit < size * 4:  # UTF-8 may take up to 4 bytes a character
-            size = len(text_data.encode())
         try:
-            if size > limit:
-                raise ProtocolError("message_too_large",
-                                    f"A client message may be at most {limit} bytes; got {size}.")
-            event = parse_client_frame(text_data, bytes_data)
+            event = read_client_message(text_data, bytes_data, get_config()["MAX_MESSAGE_BYTES"])
         except ProtocolError as error:
             self.live.reject(error)
             return

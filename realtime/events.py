@@ -66,6 +66,18 @@ def _check_text(value, path=""):
             _check_text(child, f"{path}[{i}]")
 
 
+def read_client_message(text_data, bytes_data, limit):
+    """The client event of one message of a transport (a WebSocket frame, a data channel
+    message), at most ``limit`` bytes (MAX_MESSAGE_BYTES). Raises ProtocolError
+    ``message_too_large``, or as ``parse_client_frame``."""
+    size = len(text_data) if text_data is not None else len(bytes_data or b"")
+    if text_data is not None and limit < size * 4:  # UTF-8 may take up to 4 bytes a character
+        size = len(text_data.encode())
+    if size > limit:
+        raise ProtocolError("message_too_large", f"A client message may be at most {limit} bytes; got {size}.")
+    return parse_client_frame(text_data, bytes_data)
+
+
 def parse_client_frame(text_data=None, bytes_data=None):
     """Return the client event dict of one WebSocket frame. Raises ProtocolError."""
     if text_data is None:

@@ -4,7 +4,7 @@ Environment variables: ``DATABASE_URL`` and ``REDIS_URL`` (PostgreSQL and channe
 several processes), ``DJANGO_SECRET_KEY`` (else a random key kept in ``DJANGO_SECRET_KEY_FILE``,
 by default ``~/.config/s2s-realtime/secret_key``), ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS`` (comma
 separated), ``S2S_POOL_SIZE``, ``S2S_BACKEND``, ``S2S_PRESET``, ``S2S_CACHE_DIR``, ``S2S_LLM_BASE_URL``,
-``S2S_LLM_API_KEY``, ``S2S_LLM_API_MODEL``, and ``S2S_JSON`` (any ``S2S`` keys as a JSON object). Everything the apps read is in the ``S2S`` dict,
+``S2S_LLM_API_KEY``, ``S2S_LLM_API_MODEL``, ``S2S_WEBRTC_HOST_ADDRESSES`` (comma-separated), and ``S2S_JSON`` (any ``S2S`` keys as a JSON object). Everything the apps read is in the ``S2S`` dict,
 documented in ``pool/conf.py``.
 """
 
@@ -173,6 +173,7 @@ S2S = {
         "LLM_BASE_URL": _env("S2S_LLM_BASE_URL"),
         "LLM_API_KEY": _env("S2S_LLM_API_KEY"),
         "LLM_API_MODEL": _env("S2S_LLM_API_MODEL"),
+        "WEBRTC_HOST_ADDRESSES": _env("S2S_WEBRTC_HOST_ADDRESSES", lambda v: v.split(",")),
     }.items()
     if value is not None},
 }

@@ -45,6 +45,13 @@ def recorded_pool(settings, transactional_db):
     yield from installed(build_registry(get_config(), record=True))
 
 
+@pytest.fixture
+def keyed_pool(recorded_pool, settings):
+    """The recorded scripted pool with anonymous access off."""
+    settings.S2S = {**settings.S2S, "ALLOW_ANONYMOUS": False, "POOL_SIZE": 1}
+    return recorded_pool
+
+
 def installed(registry):
     previous = set_registry(registry)
     SCRIPT.reset()

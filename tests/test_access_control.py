@@ -14,13 +14,6 @@ from pool.testing import LiveServer
 from .helpers import open_socket, refused_with
 
 
-@pytest.fixture
-def keyed_pool(recorded_pool, settings):
-    """The recorded scripted pool with anonymous access off."""
-    settings.S2S = {**settings.S2S, "ALLOW_ANONYMOUS": False, "POOL_SIZE": 1}
-    return recorded_pool
-
-
 async def issue(**kwargs):
     from asgiref.sync import sync_to_async
 

@@ -46,7 +46,7 @@ class NoRecords:
     control_channel = None  # where this process takes operator commands (pool.control)
     on_draining = None  # called (on the recorder thread) when the process row says "draining"
 
-    def session_started(self, session_id, unit_index, api_key_id=None, client_address=None):
+    def session_started(self, session_id, unit_index, api_key_id=None, client_address=None, transport="websocket"):
         pass
 
     def session_ended(self, session_id, reason, close_code, counts):
@@ -84,9 +84,9 @@ class Records(NoRecords):
 
     # --- called from anywhere, never blocking -----------------------------------------------
 
-    def session_started(self, session_id, unit_index, api_key_id=None, client_address=None):
+    def session_started(self, session_id, unit_index, api_key_id=None, client_address=None, transport="websocket"):
         self._put((rows.session_started, (self.process_id, session_id, unit_index, api_key_id, client_address,
-                                          timezone.now())))
+                                          transport, timezone.now())))
 
     def session_ended(self, session_id, reason, close_code, counts):
         """The session's end (``counts``: the row's counters and ``last_error``). The end is its

@@ -46,12 +46,12 @@ class ResponseRecord:
     timings: object = None
 
 
-def session_started(process_id, session_id, unit_index, api_key_id, client_address, now):
+def session_started(process_id, session_id, unit_index, api_key_id, client_address, transport, now):
     from pool.models import Session
 
     Session.objects.get_or_create(session_id=session_id, defaults=dict(
         process_id=process_id, unit_index=unit_index, created_at=now, api_key_id=api_key_id,
-        client_address=client_address))
+        client_address=client_address, transport=transport))
 
 
 def session_ended(session_id, reason, close_code, counts, now, release_after):

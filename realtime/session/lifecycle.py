@@ -1,6 +1,7 @@
 """A live session on this process, whatever transport carries it: start, watch, end.
 
-A transport (``realtime.consumers`` for WebSocket; WebRTC next) is a thin adapter:
+A transport (``realtime.consumers`` for WebSocket, ``realtime.webrtc`` for WebRTC) is a thin
+adapter:
 
 1. it reads who is connecting (``pool.access.connect.Credentials``) and calls ``open_session``,
    which admits the client (``pool.access.connect.admit``) and starts a ``LiveSession``, or returns
@@ -39,7 +40,12 @@ LIVE = weakref.WeakSet()  # this process's live sessions, for shutdown
 
 
 class Transport(Protocol):
-    """What a live session needs of the connection that carries it."""
+    """What a live session needs of the connection that carries it: its ``name`` (the session
+    row's transport) and ``media_format`` (``RealtimeSession``'s: the audio format of a transport
+    that carries audio itself, or None)."""
+
+    name: str
+    media_format: dict | None
 
     def send_event(self, event: dict) -> None:
         """Queue one server event; events go out in the order queued."""
@@ -54,17 +60,19 @@ def refusal_event(refusal):
     return ProtocolError(refusal.code, refusal.message).to_event()
 
 
-async def open_session(registry, credentials, transport, model=""):
+async def open_session(registry, credentials, transport, model="", initial=None):
     """Admit a client to ``registry``'s pool and start its session. Returns the started
     ``LiveSession`` (``session.created`` is queued on ``transport``) or the ``Refusal``.
-    ``model``: the model the client asked for in its URL ("" for the default)."""
+    ``model``: the model the client asked for in its URL ("" for the default); ``initial``: a
+    ``session.update`` body it starts with, after its client secret's (WebRTC's ``session``
+    form field)."""
     session_id = new_id("sess")
     grant = await admit(registry, credentials, session_id)
     if isinstance(grant, Refusal):
         return grant
     live = LiveSession(registry, grant, transport, credentials.address, model or "s2s-default")
     try:
-        live.start()
+        live.start(initial)
     except BaseException:
         live.end_reason = EndReason.ERROR
         live.end(CloseCode.INTERNAL_ERROR)  # the unit goes back, the row (if written) ends
@@ -93,19 +101,22 @@ class LiveSession:
         self._watchdog = None
         self._loop = asyncio.get_running_loop()
 
-    def start(self):
-        """Record the session, connect it to its unit and queue ``session.created``."""
+    def start(self, initial=None):
+        """Record the session, connect it to its unit and queue ``session.created`` (of the
+        client secret's session, then ``initial``)."""
         config = get_config()
         LIVE.add(self)
         metrics.SESSIONS_STARTED.labels(metrics.PROCESS).inc()
         records = self.registry.records
-        records.session_started(self.id, self.unit.index, self.grant.api_key_id, self.client_address)
+        records.session_started(self.id, self.unit.index, self.grant.api_key_id, self.client_address,
+                                self.transport.name)
         recording = SessionRecording(self.id) if self.grant.records_audio() else None
         self._ctx = self.unit.begin(self._from_pipeline, recording)
         defaults = session_defaults(config, self.registry.speaks, self.model)
-        self.session = RealtimeSession(self.id, self.unit, self.transport.send_event, defaults, records, recording)
+        self.session = RealtimeSession(self.id, self.unit, self.transport.send_event, defaults, records, recording,
+                                       self.transport.media_format)
         secret = self.grant.secret
-        self.session.start(secret.session if secret is not None else None)
+        self.session.start(secret.session if secret is not None else None, initial)
         self.started = self.last_client_event = time.monotonic()
         if config["IDLE_TIMEOUT_SECONDS"] or config["MAX_SESSION_SECONDS"]:
             self._watchdog = asyncio.create_task(

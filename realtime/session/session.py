@@ -77,15 +77,19 @@ class RealtimeSession:
     ``defaults``: a ``realtime.session_config.SessionDefaults``; ``recorder``: where
     its history goes (``pool.history.recorder.Records``; the default keeps nothing); ``recording``: a
     ``pool.history.recordings.SessionRecording`` that gets the assistant audio sent, or None.
+    ``media_format``: the audio format of a transport that carries audio itself (WebRTC's
+    tracks: PCM16 at 24 kHz both ways, whatever the session's ``audio`` formats say); None: the
+    session's formats (WebSocket).
     """
 
-    def __init__(self, session_id, port, send, defaults, recorder=None, recording=None):
+    def __init__(self, session_id, port, send, defaults, recorder=None, recording=None, media_format=None):
         self.id = session_id
         self._port = port
         self._send_raw = send
         self._max_tokens_cap = defaults.max_output_tokens
         self._context_chars = defaults.context_chars
         self._speaks = defaults.speaks  # PoolRegistry.speaks: the models' languages
+        self._defaults = defaults
         self.config = defaults.session(session_id)
         self.conversation = conv.Conversation()
         self.turns = TurnTaking(session_id, self.conversation, defaults.interrupt_min_speech_ms,
@@ -111,6 +115,7 @@ class RealtimeSession:
         self._images_dropped = False  # the one notice per session that the LLM reads no images
         self._recording = recording
         self._input_format = None
+        self._media_format = media_format
         # Appends submitted to the VAD, heard by it, and covered by a CatchUpInput (_ask_catch_up).
         self._appends_sent = self._appends_heard = self._catch_up_asked = 0
         self._configure_input()
@@ -133,17 +138,21 @@ class RealtimeSession:
         self.history.error(event["event_id"], event["error"])
         self._send_raw(event)
 
-    def start(self, initial=None):
-        """The first server event of every session. ``initial``: a ``session.update`` body the
-        session starts with (a client secret's ``session``), announced by ``session.created``; if
-        it no longer passes (the models changed since it was issued) the session starts with the
-        defaults and an ``error`` follows."""
+    def start(self, *initial):
+        """The first server event of every session. ``initial``: ``session.update`` bodies the
+        session starts with, in order (a client secret's ``session``, a WebRTC call's; None for
+        none), announced by ``session.created``; if one no longer passes (the models changed
+        since a secret was issued) the session starts with the defaults and an ``error``
+        follows."""
         error = None
         try:
-            if initial:
-                self._update_config(initial)
+            for update in initial:
+                if update:
+                    self._update_config(update)
         except ProtocolError as exc:
             error = exc
+            self.config = self._defaults.session(self.id)
+            self._configure_input()
         self.send("session.created", session=copy.deepcopy(self.config))
         if error is not None:
             self.send_error(error)
@@ -346,8 +355,9 @@ class RealtimeSession:
 
     def _configure_input(self):
         audio_in = self.config["audio"]["input"]
-        if audio_in["format"] != self._input_format:
-            self._input_format = copy.deepcopy(audio_in["format"])
+        wire_format = self._media_format or audio_in["format"]
+        if wire_format != self._input_format:
+            self._input_format = copy.deepcopy(wire_format)
             self._decoder = InputAudioDecoder(self._input_format)
         language = (audio_in["transcription"] or {}).get("language")
         self.turns.configure(audio_in["turn_detection"], self.config["type"] == "realtime")
@@ -390,7 +400,7 @@ class RealtimeSession:
             params["voice"], language, self._speaks["voices"])
         # The marks of the voice turn it answers travel with it (the next turn may start).
         job = m.ResponseJob(response_id, request, params["modality"], voice,
-                            self.config["audio"]["output"]["speed"], OutputAudioEncoder(params["format"]),
+                            self.config["audio"]["output"]["speed"], OutputAudioEncoder(self._media_format or params["format"]),
                             marks=self._turn_marks)
         output = ResponseOutput(response_id, params["modality"], params["conversation"], voice, self.send,
                                 self.conversation, self.history)
