@@ -70,6 +70,7 @@ class LiveServer:
         ``unshare`` with a mount of its own; it must ``exec`` the command, so that signals reach
         it). Raises RuntimeError (with the log's tail) if it does not start."""
         folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.prefix = prefix
         self.project_dir = Path(project_dir or Path.cwd())

@@ -53,6 +53,7 @@ class ReplyTrack(MediaStreamTrack):
         self._queue = deque()  # [samples (int16 array), response_id, item_id]
         self._finished = set()  # responses whose audio is all queued
         self.playing = None  # the response whose audio is playing
+        self._item = None  # the item of it played last (the queue may be empty between phrases)
         self.played_ms = {}
         self._start = None
         self._timestamp = 0
@@ -68,14 +69,14 @@ class ReplyTrack(MediaStreamTrack):
             self._stopped()
 
     def clear(self):
-        """Drop the queued audio now. Returns ``(response_id, item_id, played_ms)`` of what was
-        playing (None when nothing was)."""
-        playing = self._queue[0] if self._queue else None
+        """Drop the queued audio now. Returns ``(response_id, item_id, played_ms)`` of the reply
+        playing (its queue may be empty while the TTS catches up), or None when none was."""
         self._queue.clear()
         response_id, self.playing = self.playing, None
-        if playing is None:
-            return None if response_id is None else (response_id, None, 0)
-        return playing[1], playing[2], self.played_ms.get(playing[2], 0)
+        if response_id is None:
+            return None
+        self._finished.discard(response_id)
+        return response_id, self._item, self.played_ms.get(self._item, 0)
 
     async def recv(self):
         if self.readyState != "live":
@@ -103,6 +104,7 @@ class ReplyTrack(MediaStreamTrack):
         if self.playing != response_id:
             self.playing = response_id
             self._on_playback("started", response_id)
+        self._item = item_id
         taken = samples[:FRAME_SAMPLES]
         out[:len(taken)] = taken
         entry[0] = samples[len(taken):]
