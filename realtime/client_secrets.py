@@ -12,7 +12,7 @@ Request (OpenAI's shape, both optional)::
 Answer 200::
 
     {"value": "ek_...", "expires_at": <Unix seconds>, "session": {<the session it starts with>},
-     "connect_url": "wss://.../v1/realtime"}
+     "connect_url": "wss://.../v1/realtime", "calls_url": "https://.../v1/realtime/calls"}
 
 ``connect_url`` is ours (``docs/PROTOCOL.md``): the process that holds the reserved unit. Errors
 have OpenAI's body ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad request,
@@ -142,8 +142,9 @@ def _issue(request, api_key, user):
                       headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     secret, value = granted
     session.pop("id", None)  # a session's id is given when it starts
+    connect_url = _connect_url(request, secret.process, config)
     return JsonResponse({"value": value, "expires_at": int(expires_at.timestamp()), "session": session,
-                         "connect_url": _connect_url(request, secret.process, config)})
+                         "connect_url": connect_url, "calls_url": calls_url(connect_url)})
 
 
 def _expires_after(value, config, keyless):
@@ -172,6 +173,12 @@ def _client_address(request):
     if scope is not None:
         return auth.client_address(scope)
     return auth.client_address({"client": (request.META.get("REMOTE_ADDR"), 0), "headers": []})
+
+
+def calls_url(connect_url):
+    """The WebRTC endpoint (``POST .../calls``) of the process whose WebSocket is ``connect_url``."""
+    scheme, rest = connect_url.split("://", 1)
+    return f"{'https' if scheme == 'wss' else 'http'}://{rest}/calls"
 
 
 def _connect_url(request, process, config):

@@ -1,5 +1,7 @@
 """The browser page in headless Chromium with a fake microphone playing a real recording, against
-the live server with the real models."""
+the live server with the real models, over the WebSocket (the page's fallback; WebRTC, its
+default, is tried in a network namespace of its own by tests/test_webrtc_browser.py: Chromium's
+candidates would name the machine's other interfaces here)."""
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ def test_a_person_talks_to_the_agent_in_the_browser(server, tmp_path):
         page = context.new_page()
         page.goto(server.http_url + "/")
         page.wait_for_function("document.getElementById('pool').textContent.includes('units free')")
+        page.select_option("#transport", "websocket")  # WebRTC: tests/test_webrtc_browser.py
         page.click("#connect")
         page.wait_for_function("window.s2s.stats.appends > 10", timeout=30_000)
         page.wait_for_function("window.s2s.stats.audioDeltas > 0", timeout=180_000)
@@ -74,6 +77,7 @@ def test_a_full_pool_is_a_clear_message_in_the_page(scripted_server):
             context.grant_permissions(["microphone"], origin=scripted_server.http_url)
             page = context.new_page()
             page.goto(scripted_server.http_url + "/")
+            page.select_option("#transport", "websocket")  # WebRTC: tests/test_webrtc_browser.py
             page.click("#connect")
             page.wait_for_function("document.getElementById('status').dataset.kind === 'error'", timeout=15_000)
             message = page.inner_text("#status")
@@ -96,6 +100,7 @@ def test_on_a_server_that_needs_keys_a_logged_in_user_talks_through_a_client_sec
         visitor.grant_permissions(["microphone"], origin=live.http_url)
         page = visitor.new_page()
         page.goto(live.http_url + "/")
+        page.select_option("#transport", "websocket")  # WebRTC: tests/test_webrtc_browser.py
         page.click("#connect")
         page.wait_for_function("document.getElementById('status').dataset.kind === 'error'", timeout=15_000)
         assert "Log in" in page.inner_text("#status")
@@ -106,6 +111,7 @@ def test_on_a_server_that_needs_keys_a_logged_in_user_talks_through_a_client_sec
         admin_login(page, live, "/admin/")
         page.goto(live.http_url + "/")
         page.fill("#instructions", "Answer like a lighthouse keeper.")
+        page.select_option("#transport", "websocket")  # WebRTC: tests/test_webrtc_browser.py
         page.click("#connect")
         page.wait_for_function("window.s2s.stats.appends > 10", timeout=30_000)
         stats = page.evaluate("window.s2s.stats")

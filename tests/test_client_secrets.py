@@ -61,6 +61,7 @@ async def test_a_secret_reserves_a_unit_and_opens_a_session_configured_by_the_ba
     assert body["session"]["instructions"] == "Speak like a pirate."
     assert body["session"]["audio"]["output"]["voice"] == "echo"
     assert body["connect_url"] == "ws://testserver/v1/realtime"  # no PUBLIC_URL: where it was asked
+    assert body["calls_url"] == "http://testserver/v1/realtime/calls"  # the same process over WebRTC
     secret = await ClientSecret.objects.aget(prefix=body["value"][:12])
     reserved = (await units(pool))[secret.unit_index]
     assert reserved.state == UnitState.IDLE and reserved.reserved_until > timezone.now()
@@ -133,6 +134,7 @@ async def test_a_secret_of_another_process_is_refused_and_names_where_to_connect
     assert sorted(s["connect_url"] for s in mine) == ["ws://testserver/v1/realtime",
                                                       "wss://voice.example.com/b/v1/realtime"]
     theirs = next(s for s in mine if "example" in s["connect_url"])
+    assert theirs["calls_url"] == "https://voice.example.com/b/v1/realtime/calls"
     client, _ = await open_socket(bearer(theirs["value"]))
     error = await client.recv()
     assert error["error"]["code"] == "invalid_api_key" and "wss://voice.example.com/b" in error["error"]["message"]

@@ -1,5 +1,5 @@
-"""A stock ``@openai/agents`` browser app, default transport (WebRTC), in headless Chromium with a
-fake microphone, against a live server with the real models: ``tests/webrtc_browser.py`` runs it
+"""A stock ``@openai/agents`` browser app, default transport (WebRTC), and the server's own page,
+in headless Chromium with a fake microphone, against a live server with the real models: ``tests/webrtc_browser.py`` runs it
 in a network namespace of its own (only loopback), and this test reads what happened."""
 
 import json
@@ -51,3 +51,12 @@ def test_talking_over_the_story_stops_it(call):
     # Silence on the track from 300 ms after the clear (the browser's jitter buffer) until the
     # next reply plays.
     assert loudest(call["energy"], cleared_at + 300, next_start) < 0.005
+
+
+def test_the_servers_page_talks_over_webrtc_by_default_and_says_so(call):
+    page = call["page"]
+    assert page["shown"] == "WebRTC"
+    assert page["stats"]["userTranscripts"] >= 1 and page["stats"]["completed"] >= 1
+    assert page["stats"]["appends"] == 0 and page["stats"]["audioDeltas"] == 0  # the audio went on the tracks
+    started = page["events"].index("output_audio_buffer.started")
+    assert started >= 0 and max(rms for _, rms in page["energy"]) > 0.02  # the reply heard on the track

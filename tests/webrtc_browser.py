@@ -1,5 +1,5 @@
-"""A stock ``@openai/agents`` browser app against a live server over WebRTC, in headless Chromium:
-``python -m tests.webrtc_browser OUT.json`` writes what happened. Run it in a network namespace
+"""A stock ``@openai/agents`` browser app, and the server's own page, against a live server over
+WebRTC, in headless Chromium: ``python -m tests.webrtc_browser OUT.json`` writes what happened. Run it in a network namespace
 of its own (``unshare -n``, by ``tests/test_webrtc_browser.py``): Chromium offers host
 candidates on every interface it has, and a namespace with only the loopback interface is the
 way to keep every packet of the call on loopback.
@@ -8,7 +8,8 @@ The app is ``RealtimeSession`` with its default transport (WebRTC in a browser) 
 changed but its URL, given a client secret as a browser app gets one from its backend. Its
 fake microphone plays jfk.flac, a pause, then jfk.flac again over the reply. The page is
 instrumented only from outside the app: an init script taps each remote track into an
-AnalyserNode (the reply's loudness, every 50 ms).
+AnalyserNode (the reply's loudness, every 50 ms). Then the server's page (``/``) connects with
+its default transport, in a second tab, and answers the same recording.
 """
 
 import json
@@ -93,11 +94,26 @@ def client_secret(live):
         return json.load(reply)["value"]
 
 
+def demo_page(context, origin):
+    """The server's page with its default transport, until its first reply has played."""
+    page = context.new_page()
+    page.add_init_script(TAP_TRACKS)
+    page.goto(f"{origin}/")
+    page.click("#connect")
+    page.wait_for_function("window.s2s.transport === 'webrtc'", timeout=30_000)
+    page.wait_for_function("window.s2s.stats.completed > 0 && window.s2s.stats.playbackStarted > 0", timeout=120_000)
+    time.sleep(3)  # some of the reply plays
+    result = page.evaluate("({stats: window.s2s.stats, events: window.s2s.events, energy: window.energy, "
+                           "shown: document.getElementById('transport-name').textContent})")
+    page.click("#disconnect")
+    return result
+
+
 def run(out, seconds=75):
     folder = Path(tempfile.mkdtemp(prefix="webrtc-browser-"))
     script = bundle(folder)
     wav = microphone(folder)
-    with LiveServer(folder / "server") as live:
+    with LiveServer(folder / "server", pool_size=2) as live:
         origin = live.http_url
         flags = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                  f"--use-file-for-fake-audio-capture={wav}%noloop", "--autoplay-policy=no-user-gesture-required",
@@ -117,6 +133,7 @@ def run(out, seconds=75):
                                 "instructions": INSTRUCTIONS})
             time.sleep(seconds)
             result = page.evaluate("({log: window.log, energy: window.energy, transport: window.transportName})")
+            result["page"] = demo_page(context, origin)
     Path(out).write_text(json.dumps(result))
 
 

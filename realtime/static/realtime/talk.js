@@ -1,6 +1,8 @@
-// The browser client: microphone -> input_audio_buffer.append, response.output_audio.delta ->
-// gapless playback, transcripts as they stream. Speaks the same OpenAI Realtime protocol as any
-// other client; authenticates through the subprotocol when a key is given.
+// The browser client. Over WebRTC (the default, as OpenAI's browser SDK): the microphone is a
+// track with the browser's echo cancellation, the reply plays from the answer's track, and the
+// events go over the "oai-events" data channel. Where WebRTC cannot connect, over the WebSocket:
+// microphone -> input_audio_buffer.append, response.output_audio.delta -> gapless playback. The
+// same OpenAI Realtime protocol as any other client; transcripts as they stream.
 'use strict';
 
 const OUTPUT_RATE = 24000;
@@ -9,11 +11,14 @@ const $ = (id) => document.getElementById(id);
 // Read by the browser tests; also handy in the console.
 const s2s = (window.s2s = {
   stats: { appends: 0, clientSecrets: 0, audioDeltas: 0, scheduledSamples: 0, userTranscripts: 0, assistantDeltas: 0, interruptions: 0,
-           completed: 0 },
+           completed: 0, playbackStarted: 0 },
   events: [],
+  transport: null, // "webrtc" or "websocket", once connected
 });
 
+const WEBRTC_OPEN_SECONDS = 10; // then the page falls back to the WebSocket
 let ws = null;
+let rtc = null; // {pc, channel, stream, audio}
 let mic = null; // {context, stream, node}
 let speaker = null; // {context, nextTime, sources: Set, itemId, itemStart}
 let lastError = null;
@@ -35,7 +40,8 @@ function line(role, text) {
 }
 
 function send(event) {
-  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
+  if (rtc && rtc.channel.readyState === 'open') rtc.channel.send(JSON.stringify(event));
+  else if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify(event));
 }
 
 function sessionSettings() {
@@ -160,7 +166,7 @@ function handle(event) {
       send({ type: 'session.update', session: sessionSettings() });
       break;
     case 'input_audio_buffer.speech_started':
-      stopPlayback();
+      stopPlayback(); // over WebRTC the server stops its track itself
       status('Listening…', 'ok');
       break;
     case 'input_audio_buffer.speech_stopped':
@@ -183,6 +189,9 @@ function handle(event) {
       play(event.delta, event.item_id);
       s2s.stats.audioDeltas += 1;
       break;
+    case 'output_audio_buffer.started':
+      s2s.stats.playbackStarted += 1;
+      break;
     case 'response.done':
       if (event.response.status === 'cancelled') stopPlayback();
       if (event.response.status === 'completed') s2s.stats.completed += 1;
@@ -195,32 +204,107 @@ function handle(event) {
   }
 }
 
-async function connect() {
-  const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
-  const protocols = ['realtime'];
-  let url = `${scheme}://${location.host}${$('app').dataset.endpoint}`;
+// The key the session is opened with, and where: an API key typed in, or a client secret for
+// the logged-in user (its connect_url and calls_url name the process holding its unit), or none.
+async function credentials() {
   const key = $('api-key').value.trim();
+  const scheme = location.protocol === 'https:' ? 'wss' : 'ws';
+  const socketUrl = `${scheme}://${location.host}${$('app').dataset.endpoint}`;
+  const where = { socketUrl, callsUrl: `${location.origin}${$('app').dataset.endpoint}/calls` };
+  if (key) return { key, ...where };
+  if ($('app').dataset.keysRequired !== 'true') return { key: null, ...where };
+  const secret = await clientSecret();
+  s2s.stats.clientSecrets += 1;
+  return { key: secret.value, socketUrl: secret.connect_url, callsUrl: secret.calls_url };
+}
+
+async function connect() {
   lastError = null;
-  if (key) {
-    protocols.push(`openai-insecure-api-key.${key}`);
-  } else if ($('app').dataset.keysRequired === 'true') {
-    try {
-      const secret = await clientSecret();
-      protocols.push(`openai-insecure-api-key.${secret.value}`);
-      url = secret.connect_url;
-      s2s.stats.clientSecrets += 1;
-    } catch (error) {
-      status(ERROR_TEXT[error.code] || `No session: ${error.message}`, 'error');
-      return;
-    }
-  }
-  ws = new WebSocket(url, protocols);
   $('connect').disabled = true;
   status('Connecting…');
+  let auth;
+  try {
+    auth = await credentials();
+  } catch (error) {
+    status(ERROR_TEXT[error.code] || `No session: ${error.message}`, 'error');
+    $('connect').disabled = false;
+    return;
+  }
+  if (window.RTCPeerConnection && $('transport').value !== 'websocket') {
+    try {
+      await connectWebRTC(auth);
+      return;
+    } catch (error) {
+      disconnected();
+      if (error.code) { // refused (a full pool, a key): the WebSocket would be refused too
+        status(ERROR_TEXT[error.code] || `Refused: ${error.message}`, 'error');
+        $('connect').disabled = false;
+        return;
+      }
+      $('transport-name').textContent = `WebSocket (WebRTC could not connect: ${error.message})`;
+      try {
+        if (error.spent && auth.key?.startsWith('ek_')) auth = await credentials(); // a secret opens one session
+      } catch (refused) {
+        status(ERROR_TEXT[refused.code] || `No session: ${refused.message}`, 'error');
+        $('connect').disabled = false;
+        return;
+      }
+    }
+  }
+  connectWebSocket(auth);
+}
+
+async function connectWebRTC(auth) {
+  const pc = new RTCPeerConnection();
+  const channel = pc.createDataChannel('oai-events');
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+  });
+  const audio = new Audio();
+  audio.autoplay = true;
+  rtc = { pc, channel, stream, audio };
+  pc.addTrack(stream.getAudioTracks()[0], stream);
+  pc.ontrack = (event) => { audio.srcObject = event.streams[0] || new MediaStream([event.track]); };
+  channel.onmessage = (message) => handle(JSON.parse(message.data));
+  const opened = new Promise((resolve, reject) => {
+    channel.onopen = resolve;
+    setTimeout(() => reject(new Error(`no connection within ${WEBRTC_OPEN_SECONDS} s`)), WEBRTC_OPEN_SECONDS * 1000);
+  });
+  await pc.setLocalDescription(await pc.createOffer());
+  const headers = { 'Content-Type': 'application/sdp' };
+  if (auth.key) headers.Authorization = `Bearer ${auth.key}`;
+  const reply = await fetch(auth.callsUrl, { method: 'POST', body: pc.localDescription.sdp, headers });
+  if (!reply.ok) {
+    const body = (reply.headers.get('Content-Type') || '').includes('application/json') ? await reply.json() : null;
+    if (!body?.error?.code) throw new Error(`HTTP ${reply.status}`); // no such endpoint (an old server, a proxy)
+    throw Object.assign(new Error(body.error.message), { code: body.error.code });
+  }
+  try {
+    await pc.setRemoteDescription({ type: 'answer', sdp: await reply.text() });
+    await opened;
+  } catch (error) {
+    throw Object.assign(error, { spent: true }); // the call was admitted: its secret is used
+  }
+  meterMicrophone(stream);
+  s2s.transport = 'webrtc';
+  $('transport-name').textContent = 'WebRTC';
+  $('disconnect').disabled = false;
+  channel.onclose = () => { disconnected(); status('Disconnected.'); };
+  pc.onconnectionstatechange = () => {
+    if (pc.connectionState === 'failed') { disconnected(); status('The connection was lost.', 'error'); }
+  };
+}
+
+function connectWebSocket(auth) {
+  const protocols = ['realtime'];
+  if (auth.key) protocols.push(`openai-insecure-api-key.${auth.key}`);
+  ws = new WebSocket(auth.socketUrl, protocols);
   ws.onmessage = (message) => handle(JSON.parse(message.data));
   ws.onopen = async () => {
     try {
       await startMicrophone();
+      s2s.transport = 'websocket';
+      if (!$('transport-name').textContent.startsWith('WebSocket')) $('transport-name').textContent = 'WebSocket';
       $('disconnect').disabled = false;
     } catch (error) {
       status(`No microphone: ${error.message}`, 'error');
@@ -228,17 +312,45 @@ async function connect() {
     }
   };
   ws.onclose = (close) => {
-    stopMicrophone();
-    stopPlayback();
-    $('connect').disabled = false;
-    $('disconnect').disabled = true;
+    disconnected();
     if (close.code === 1008) {
       status(ERROR_TEXT[lastError?.code] || `Refused: ${lastError?.message || 'policy violation'}`, 'error');
     } else if (!lastError) {
       status(`Disconnected (${close.code}).`);
     }
-    ws = null;
   };
+}
+
+// The microphone level meter over WebRTC (the WebSocket's worklet measures its own).
+function meterMicrophone(stream) {
+  const context = new AudioContext();
+  const analyser = context.createAnalyser();
+  context.createMediaStreamSource(stream).connect(analyser);
+  const samples = new Float32Array(analyser.fftSize);
+  const timer = setInterval(() => {
+    if (!rtc) { clearInterval(timer); context.close(); return; }
+    analyser.getFloatTimeDomainData(samples);
+    $('level').value = Math.min(1, 4 * Math.sqrt(samples.reduce((sum, x) => sum + x * x, 0) / samples.length));
+  }, 100);
+}
+
+function disconnected() {
+  if (rtc) {
+    rtc.stream.getTracks().forEach((track) => track.stop());
+    rtc.pc.close();
+    rtc.audio.srcObject = null;
+    rtc = null;
+  }
+  stopMicrophone();
+  stopPlayback();
+  ws = null;
+  $('connect').disabled = false;
+  $('disconnect').disabled = true;
+}
+
+function hangUp() {
+  if (ws) ws.close(1000);
+  else if (rtc) { disconnected(); status('Disconnected.'); }
 }
 
 async function watchPool() {
@@ -251,7 +363,7 @@ async function watchPool() {
 }
 
 $('connect').addEventListener('click', connect);
-$('disconnect').addEventListener('click', () => ws && ws.close(1000));
+$('disconnect').addEventListener('click', hangUp);
 $('apply').addEventListener('click', () => send({ type: 'session.update', session: sessionSettings() }));
 $('voice').addEventListener('change', () => send({ type: 'session.update', session: sessionSettings() }));
 watchPool();
