@@ -8,7 +8,7 @@ import asyncio
 from pool.backends.cache import default_paths
 from pool.conf import DEFAULTS
 
-from . import connect_storm, faults, listening, noise, soak, stages, throughput, turn_latency
+from . import connect_storm, faults, listening, noise, soak, stages, throughput, turn_latency, webrtc
 from .common import RECORDINGS, emit, rss_mb, start_server
 
 
@@ -23,6 +23,7 @@ def main():
             "listening": listening.run(server, [2], 6),
             "throughput": throughput.run(server, 2, 1),
             "soak": soak.run(server, 8, 20),
+            "webrtc": webrtc.run(server, {"jfk": RECORDINGS["jfk"]}, 1, 3),
         }
     finally:
         server.stop()

@@ -121,3 +121,24 @@ def test_on_a_server_that_needs_keys_a_logged_in_user_talks_through_a_client_sec
     assert stats["clientSecrets"] == 1
     assert [(used, user) for used, user, _ in rows] == [(1, "admin")]
     assert "lighthouse keeper" in rows[0][2]
+
+
+@pytest.mark.live
+def test_where_webrtc_cannot_connect_the_page_falls_back_to_the_websocket_and_says_so(scripted_server):
+    """An endpoint that answers the offer with a proxy's 404 page: the page talks over the
+    WebSocket and says why. (No media is exchanged: the offer is never answered.)"""
+    flags = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+             "--disable-features=WebRtcHideLocalIpsWithMdns"]
+    with browser(flags) as chromium:
+        context = chromium.new_context()
+        context.grant_permissions(["microphone"], origin=scripted_server.http_url)
+        page = context.new_page()
+        page.route("**/v1/realtime/calls", lambda route: route.fulfill(status=404, content_type="text/html",
+                                                                      body="<h1>Not Found</h1>"))
+        page.goto(scripted_server.http_url + "/")
+        page.click("#connect")
+        page.wait_for_function("window.s2s.stats.appends > 10", timeout=30_000)
+        shown = page.inner_text("#transport-name")
+        transport = page.evaluate("window.s2s.transport")
+        page.click("#disconnect")
+    assert transport == "websocket" and shown == "WebSocket (WebRTC could not connect: HTTP 404)"

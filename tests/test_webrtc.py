@@ -5,6 +5,7 @@ import asyncio
 import json
 import time
 
+import numpy as np
 import pytest
 from django.test import AsyncClient
 
@@ -207,3 +208,33 @@ async def test_keys_and_client_secrets_as_for_the_websocket_and_the_row_says_web
     await api_key.asave()
     status, _, body = await WebRTCClient().call(poster({"Authorization": f"Bearer {key}"}))
     assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+
+
+async def test_microphone_audio_a_wedged_unit_cannot_take_is_dropped_not_held():
+    from aiortc import RTCPeerConnection
+
+    from realtime.webrtc.call import MAX_QUEUED_FRAMES, WebRTCCall
+
+    pc = RTCPeerConnection()
+    call = WebRTCCall("rtc_test", pc)  # no session reads its inbox: as a unit that takes nothing
+    for _ in range(MAX_QUEUED_FRAMES + 100):
+        call._append(bytes(960))
+    assert (call._inbox.qsize(), call.dropped_frames) == (MAX_QUEUED_FRAMES, 100)
+    await pc.close()
+
+
+async def test_the_reply_track_says_each_reply_started_and_stopped_even_back_to_back():
+    from realtime.webrtc.media import FRAME_SAMPLES, ReplyTrack
+
+    said = []
+    track = ReplyTrack(lambda kind, response_id: said.append((kind, response_id)))
+    tone = (np.ones(FRAME_SAMPLES * 3, np.int16) * 1000).tobytes()  # 60 ms
+    track.push(tone, "resp_a", "item_a")
+    track.finish("resp_a")
+    track.push(tone, "resp_b", "item_b")  # queued before resp_a has played
+    frames = [await track.recv() for _ in range(8)]
+    track.finish("resp_b")
+    assert said == [("started", "resp_a"), ("stopped", "resp_a"), ("started", "resp_b"), ("stopped", "resp_b")]
+    assert track.played_ms == {"item_a": 60.0, "item_b": 60.0}
+    assert [abs(frame.to_ndarray()).max() > 0 for frame in frames] == [True] * 6 + [False] * 2
+    track.stop()

@@ -44,7 +44,7 @@ class Microphone(MediaStreamTrack):
     def __init__(self):
         super().__init__()
         self._pending = np.zeros(0, np.int16)
-        self._start = None
+        self._start = self.first_frame_at = None
         self._timestamp = 0
 
     def play(self, samples):
@@ -60,6 +60,7 @@ class Microphone(MediaStreamTrack):
             raise MediaStreamError
         if self._start is None:
             self._start = time.time()
+            self.first_frame_at = time.monotonic()  # where the server's input buffer clock starts
         else:
             self._timestamp += FRAME
             await asyncio.sleep(max(0.0, self._start + self._timestamp / RATE - time.time()))

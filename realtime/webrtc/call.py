@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 EVENTS_CHANNEL = "oai-events"  # the data channel's label, OpenAI's
 
 CALLS = {}  # call id -> WebRTCCall: this process's calls, for their hangup endpoint
+# Microphone frames (20 ms) waiting for the session: past 10 s of them the unit is not keeping
+# up (it is wedged, and will be quarantined), and newer frames are dropped rather than held.
+MAX_QUEUED_FRAMES = 500
 
 
 class WebRTCCall:
@@ -50,6 +53,7 @@ class WebRTCCall:
         self._early = []  # server events before the data channel opened
         self._inbox = asyncio.Queue()  # client events and appends, in order, for the session
         self._tasks = set()
+        self.dropped_frames = 0
         self.reply = ReplyTrack(self._playback)
         pc.addTrack(self.reply)
         pc.on("datachannel", self._on_datachannel)
@@ -127,6 +131,11 @@ class WebRTCCall:
             self._spawn(microphone_pcm(track, self._append))
 
     def _append(self, pcm16):
+        if self._inbox.qsize() >= MAX_QUEUED_FRAMES:
+            self.dropped_frames += 1
+            if self.dropped_frames == 1:
+                log.warning("call %s: the unit is not keeping up; microphone audio is dropped", self.id)
+            return
         self._inbox.put_nowait({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16).decode()})
 
     async def _deliver(self):

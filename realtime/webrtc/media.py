@@ -102,6 +102,8 @@ class ReplyTrack(MediaStreamTrack):
         entry = self._queue[0]
         samples, response_id, item_id = entry
         if self.playing != response_id:
+            if self.playing is not None:  # the previous reply played to its end, the next follows at once
+                self._stopped()
             self.playing = response_id
             self._on_playback("started", response_id)
         self._item = item_id
