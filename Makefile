@@ -13,7 +13,7 @@ MULTILINGUAL_STAMP := $(VENV)/.multilingual
 
 NODE_STAMP := tests/node/node_modules/.installed
 
-.PHONY: install install-multilingual browser serve lint test test-fast
+.PHONY: install install-multilingual browser proxy serve lint test test-fast
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -43,6 +43,12 @@ browser:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "The browser tests need Chromium: sudo apt-get install chromium"; exit 1; fi; }
 
+# The proxy tests run Debian's Caddy on deploy/Caddyfile; as root, install it when it is missing.
+proxy:
+	@command -v caddy >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq caddy; \
+	  else echo "The proxy tests need Caddy: sudo apt-get install caddy"; exit 1; fi; }
+
 # The @openai/agents JS SDK for the Node client tests (versions pinned by package-lock.json).
 $(NODE_STAMP): tests/node/package-lock.json
 	npm ci --prefix tests/node --no-audit --no-fund
@@ -51,7 +57,7 @@ $(NODE_STAMP): tests/node/package-lock.json
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: install install-multilingual lint browser $(NODE_STAMP)
+test: install install-multilingual lint browser proxy $(NODE_STAMP)
 	$(PY) -m pytest -ra
 
 # The tests that need no real models, live server, browser, Node, PostgreSQL, Redis or wheel build

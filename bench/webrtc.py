@@ -6,8 +6,11 @@ the end of speech on the same recordings, and the server's CPU per session.
 First audio: over the WebSocket, the first ``response.output_audio.delta`` received (a client
 plays it at once); over WebRTC, ``output_audio_buffer.started`` received and the first audible
 frame (above -40 dBFS) on the remote track, both from the end of the user's speech as the server
-reports it (``audio_end_ms`` on the buffer's clock, which starts at the first audio the client
-sent). CPU: the server process's CPU seconds per second of a conversation, and of a session
+reports it (``audio_end_ms`` on the input buffer's clock). Over the WebSocket that clock starts
+with the recording; over WebRTC it starts with the first microphone frame the server decoded,
+and frames sent before the call was up are not heard, so the recording's start on it is
+found from the first ``speech_started``: the same recording's over the WebSocket, where its
+``audio_start_ms`` is its position in the recording, gives the offset. CPU: the server process's CPU seconds per second of a conversation, and of a session
 that only listens to silence (the transport's own cost: Opus decode and encode, DTLS/SRTP, the
 paced reply track, against JSON and base64), from ``/proc`` via psutil. The WebRTC client is
 ``tests.webrtc_client`` (aiortc, loopback only).
@@ -51,14 +54,16 @@ def poster(server):
     return post
 
 
-async def webrtc_conversation(server, recording, quiet_s=3.0, timeout_s=180):
+async def webrtc_conversation(server, recording, onset_ms, quiet_s=3.0, timeout_s=180):
     """One call: ``recording`` into the microphone track, then silence, until every response is
-    done and has played. Returns its completed turns' first audio marks (ms) and its duration (s)."""
+    done and has played. ``onset_ms``: where the VAD hears its first speech start, in the
+    recording. Returns its completed turns' first audio marks (ms) and its duration (s)."""
     client = WebRTCClient()
 
     await client.call(poster(server))
     await client.until("session.created")
     started = time.perf_counter()
+    played_at = time.monotonic()  # the recording's first sample goes out at the next frame
     client.microphone.play(np.concatenate([load_audio(recording), np.zeros(int(TRAILING_SILENCE_S * 24_000),
                                                                            np.float32)]))
     deadline = time.monotonic() + timeout_s
@@ -74,13 +79,14 @@ async def webrtc_conversation(server, recording, quiet_s=3.0, timeout_s=180):
             break
     duration = time.perf_counter() - started
     await client.hangup()
-    return webrtc_turns(client), duration
+    return webrtc_turns(client, played_at, onset_ms), duration
 
 
-def webrtc_turns(client):
+def webrtc_turns(client, played_at, onset_ms):
     """``turns()`` of a WebRTC call: per completed response, ms from the end of the speech it
     answers to ``output_audio_buffer.started`` and to the first audible frame heard."""
-    t0 = client.microphone.first_frame_at  # the server's buffer clock starts at the first frame
+    first_start = next(e["audio_start_ms"] for e in client.events if e["type"] == "input_audio_buffer.speech_started")
+    t0 = played_at - (first_start - onset_ms) / 1000  # when the buffer's clock was at 0
     stopped, last_item, created, started, rows = {}, None, {}, {}, []
     for at, event in zip(client.arrived, client.events, strict=True):
         kind = event["type"]
@@ -145,13 +151,14 @@ def run(server, recordings, runs, listen_seconds):
             before = cpu_seconds(pid)
             conversation = asyncio.run(converse(f"{server.base_url}/realtime", path, SESSION,
                                                 trailing_silence_s=TRAILING_SILENCE_S))
-            duration = conversation["events"][-1][0] - conversation["start"]
-            socket_cpu.append((cpu_seconds(pid) - before) / duration)
+            socket_cpu.append(cpu_seconds(pid) - before)
             socket_rows += turns(conversation)
+            onset_ms = next(e["audio_start_ms"] for _, e in conversation["events"]
+                            if e["type"] == "input_audio_buffer.speech_started")
             time.sleep(2)
             before = cpu_seconds(pid)
-            rows, duration = asyncio.run(webrtc_conversation(server, path))
-            rtc_cpu.append((cpu_seconds(pid) - before) / duration)
+            rows, _ = asyncio.run(webrtc_conversation(server, path, onset_ms))
+            rtc_cpu.append(cpu_seconds(pid) - before)
             rtc_rows += rows
             time.sleep(2)
     listen_socket = asyncio.run(websocket_listening(server, listen_seconds))
@@ -164,12 +171,11 @@ def run(server, recordings, runs, listen_seconds):
             "webrtc_playback_started": stats([r["playback_started"] for r in rtc_rows]),
             "webrtc_first_audible": stats([r["first_audible"] for r in rtc_rows if r["first_audible"] is not None]),
         },
-        "server_cpu_cores": {
-            "conversation_websocket": round(float(np.mean(socket_cpu)), 3),
-            "conversation_webrtc": round(float(np.mean(rtc_cpu)), 3),
-            "listening_websocket": round(listen_socket, 3),
-            "listening_webrtc": round(listen_rtc, 3),
-        },
+        # The server's CPU seconds for one conversation (the same recording, the same models),
+        # and its cores for one session that only listens.
+        "server_cpu_seconds_per_conversation": {"websocket": round(float(np.mean(socket_cpu)), 2),
+                                                "webrtc": round(float(np.mean(rtc_cpu)), 2)},
+        "server_cores_listening_session": {"websocket": round(listen_socket, 3), "webrtc": round(listen_rtc, 3)},
     }
 
 

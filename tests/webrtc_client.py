@@ -18,6 +18,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 from realtime.webrtc import network
+from realtime.webrtc.media import track_pcm16
 
 RATE = 24_000
 FRAME = RATE // 50  # 20 ms
@@ -44,7 +45,7 @@ class Microphone(MediaStreamTrack):
     def __init__(self):
         super().__init__()
         self._pending = np.zeros(0, np.int16)
-        self._start = self.first_frame_at = None
+        self._start = None
         self._timestamp = 0
 
     def play(self, samples):
@@ -60,7 +61,6 @@ class Microphone(MediaStreamTrack):
             raise MediaStreamError
         if self._start is None:
             self._start = time.time()
-            self.first_frame_at = time.monotonic()  # where the server's input buffer clock starts
         else:
             self._timestamp += FRAME
             await asyncio.sleep(max(0.0, self._start + self._timestamp / RATE - time.time()))
@@ -109,14 +109,7 @@ class WebRTCClient:
         self._queue.put_nowait(event)
 
     async def _listen(self, track):
-        resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            for out in resampler.resample(frame):
-                self.heard.append((time.monotonic(), out.to_ndarray().reshape(-1)))
+        await track_pcm16(track, lambda pcm: self.heard.append((time.monotonic(), np.frombuffer(pcm, np.int16))))
 
     async def until(self, event_type, timeout=20):
         while True:

@@ -26,7 +26,7 @@ from pool.ids import new_id
 from pool.states import CloseCode, EndReason
 from realtime.errors import ProtocolError
 from realtime.events import read_client_message
-from realtime.webrtc.media import RATE, ReplyTrack, microphone_pcm
+from realtime.webrtc.media import RATE, ReplyTrack, track_pcm16
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class WebRTCCall:
 
     def _on_track(self, track):
         if track.kind == "audio":
-            self._spawn(microphone_pcm(track, self._append))
+            self._spawn(track_pcm16(track, self._append))
 
     def _append(self, pcm16):
         if self._inbox.qsize() >= MAX_QUEUED_FRAMES:

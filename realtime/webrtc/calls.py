@@ -6,7 +6,7 @@ a ``session.update`` body, checked as a client secret's is). Authorization as fo
 origin, the connect rate).
 
 Answer ``201 Created``: the SDP answer (``application/sdp``) and ``Location:
-/v1/realtime/calls/{call_id}``. Refusals have OpenAI's error body before any media, with nothing
+/v1/realtime/calls/{call_id}`` (absolute, from the process's ``PUBLIC_URL``, when it has one). Refusals have OpenAI's error body before any media, with nothing
 left claimed: 400 (a bad offer or session), 401 (no key, a bad key), 403 (an origin not
 allowed), 429 (``session_limit_reached``, ``rate_limit_exceeded``; ``Retry-After``), 503 (the
 process is stopping, the database is busy). ``POST /v1/realtime/calls/{call_id}/hangup`` ends
@@ -29,7 +29,7 @@ from pool.ids import new_id
 from pool.process import get_registry, local_registry
 from pool.states import CloseCode, EndReason
 from realtime import session_config as sc
-from realtime.client_secrets import RETRY_AFTER_SECONDS, error_response
+from realtime.client_secrets import RETRY_AFTER_SECONDS, calls_url, error_response
 from realtime.errors import ProtocolError
 from realtime.events import loads
 from realtime.session.lifecycle import open_session
@@ -88,8 +88,12 @@ async def create(request):
         await call.hangup(CloseCode.INTERNAL_ERROR, EndReason.ERROR)
         return error_response(500, "server_error", "The server could not answer the SDP offer.", kind="server_error")
     log.info("call %s: session %s over WebRTC", call.id, opened.id)
+    # Behind a proxy that routes by prefix (deploy/Caddyfile), the process's PUBLIC_URL names
+    # the way back to this process, for the call's hangup.
+    public = (config["PUBLIC_URL"] or "").rstrip("/")
+    calls = calls_url(public + config["REALTIME_PATH"]) if public else request.path.rstrip("/")
     return HttpResponse(pc.localDescription.sdp, status=201, content_type="application/sdp",
-                        headers={"Location": f"{request.path.rstrip('/')}/{call.id}"})
+                        headers={"Location": f"{calls}/{call.id}"})
 
 
 def _read_offer(request):

@@ -1,6 +1,6 @@
 """A WebRTC call's audio: the microphone track to PCM16 for the session, and the reply track.
 
-aiortc decodes the client's Opus (48 kHz) into ``av.AudioFrame``s; ``microphone_pcm`` resamples
+aiortc decodes the client's Opus (48 kHz) into ``av.AudioFrame``s; ``track_pcm16`` resamples
 them (PyAV's ``AudioResampler``) to PCM16 mono at 24 kHz, the session's input over WebRTC.
 ``ReplyTrack`` is what the client hears: the reply's PCM16 at 24 kHz in 20 ms frames, paced in
 real time (aiortc's encoder resamples it to Opus' 48 kHz), silence when nothing plays. It knows
@@ -23,9 +23,10 @@ FRAME_MS = 20  # aiortc's audio packetisation time (AUDIO_PTIME) and Opus' usual
 FRAME_SAMPLES = RATE * FRAME_MS // 1000
 
 
-async def microphone_pcm(track, deliver):
-    """Read ``track`` (a remote audio track) until it ends; ``deliver(pcm16_bytes)`` each frame
-    as PCM16 mono at 24 kHz (20 ms, 960 bytes, for Opus' usual 20 ms frames)."""
+async def track_pcm16(track, deliver):
+    """Read ``track`` (a remote audio track: the client's microphone) until it ends;
+    ``deliver(pcm16_bytes)`` each frame as PCM16 mono at 24 kHz (20 ms, 960 bytes, for Opus'
+    usual 20 ms frames)."""
     resampler = av.AudioResampler(format="s16", layout="mono", rate=RATE)
     while True:
         try:
