@@ -5,6 +5,7 @@ required, the proxy trusted for ``X-Forwarded-For``), driven through the proxy b
 
 import asyncio
 import json
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -174,7 +175,8 @@ async def _call_at(deployment, name):
 
 
 async def test_a_rolling_restart_drops_no_call_and_refuses_no_connect(deployment):
-    """Last in this module: both processes are replaced, one after the other. While one drains
+    """Last in this module: both processes are replaced, one after the other (A drained by
+    ``drain_process``, B stopped by SIGTERM). While one drains
     and restarts, its live call and the other's go on until their users hang up, and new
     clients (client secrets from the shared path, then a session at their connect_url) keep
     being served by whichever process has a free unit and is not draining."""
@@ -218,8 +220,12 @@ async def test_a_rolling_restart_drops_no_call_and_refuses_no_connect(deployment
     for name in ("a", "b"):
         server = deployment["servers"][name]
         started = time.monotonic()
-        process_id = query(deployment, "SELECT id FROM pool_serverprocess WHERE pid = %s", server.process.pid)[0][0]
-        await asyncio.to_thread(server.manage, "drain_process", str(process_id))
+        if name == "a":  # an operator's drain
+            process_id = query(deployment, "SELECT id FROM pool_serverprocess WHERE pid = %s",
+                               server.process.pid)[0][0]
+            await asyncio.to_thread(server.manage, "drain_process", str(process_id))
+        else:  # a container platform's stop: SIGTERM, then its grace period
+            server.process.send_signal(signal.SIGTERM)
         await asyncio.to_thread(wait_until, lambda s=server: _get(f"{s.http_url}/healthz")[0] == 503, 10,
                                 f"{name} says it drains")
         await asyncio.sleep(2)  # the call on it goes on meanwhile (its talker counts its turns)
