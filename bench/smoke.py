@@ -4,11 +4,13 @@ Run by the test suite (tests/test_bench_smoke.py); figures from it mean nothing.
     python -m bench.smoke
 """
 import asyncio
+import tempfile
 
 from pool.backends.cache import default_paths
 from pool.conf import DEFAULTS
+from tests.proxy import Caddy
 
-from . import connect_storm, faults, listening, noise, soak, stages, throughput, turn_latency, webrtc
+from . import connect_storm, faults, listening, noise, proxy, soak, stages, throughput, turn_latency, webrtc
 from .common import RECORDINGS, emit, rss_mb, start_server
 
 
@@ -25,6 +27,9 @@ def main():
             "soak": soak.run(server, 8, 20),
             "webrtc": webrtc.run(server, {"jfk": RECORDINGS["jfk"]}, 1, 3),
         }
+        upstream = f"127.0.0.1:{server.port}"
+        with Caddy(tempfile.mkdtemp(prefix="s2s-smoke-caddy-"), {"a:8000": upstream, "b:8000": upstream}) as caddy:
+            result["proxy"] = proxy.run(server, caddy, {"hotwords": RECORDINGS["hotwords"]}, 1)
     finally:
         server.stop()
     paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"])

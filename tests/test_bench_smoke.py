@@ -26,6 +26,7 @@ def test_bench_smoke_runs_every_benchmark():
     assert result["throughput"]["turns"] >= 1
     assert result["soak"]["sessions_in_a_row"]["served"] == 20
     assert result["webrtc"]["first_audio_ms"]["webrtc_playback_started"]["n"] >= 1
+    assert result["proxy"]["first_audio_ms"]["through_caddy"]["n"] >= 1
     assert "ask not what your country" in result["stages"]["stt"][0]["transcript"].lower()
     assert [row["fault"] for row in result["faults"]] == ["malformed_frames", "bad_http"]
     assert len(result["noise"]["rows"]) == 8 and result["noise"]["denoise_seconds_per_audio_second"] > 0
