@@ -238,3 +238,19 @@ async def test_the_reply_track_says_each_reply_started_and_stopped_even_back_to_
     assert track.played_ms == {"item_a": 60.0, "item_b": 60.0}
     assert [abs(frame.to_ndarray()).max() > 0 for frame in frames] == [True] * 6 + [False] * 2
     track.stop()
+
+
+async def test_a_reply_cancelled_before_it_played_is_never_heard():
+    from realtime.webrtc.media import FRAME_SAMPLES, ReplyTrack
+
+    said = []
+    track = ReplyTrack(lambda kind, response_id: said.append((kind, response_id)))
+    tone = (np.ones(FRAME_SAMPLES * 2, np.int16) * 1000).tobytes()  # 40 ms
+    track.push(tone, "resp_a", "item_a")
+    track.finish("resp_a")
+    track.push(tone, "resp_b", "item_b")  # queued behind resp_a, then cancelled
+    assert track.drop("resp_b") == ["item_b"]
+    frames = [await track.recv() for _ in range(4)]
+    assert said == [("started", "resp_a"), ("stopped", "resp_a")]
+    assert [abs(frame.to_ndarray()).max() > 0 for frame in frames] == [True, True, False, False]
+    track.stop()

@@ -84,9 +84,13 @@ class WebRTCCall:
         if kind == "response.done":
             response = event["response"]
             self.reply.finish(response["id"])
-            if response["status"] == "cancelled" and self.reply.playing == response["id"]:
+            if response["status"] == "cancelled":
                 # Cancelled by the server (barge-in) or the client: what is queued is not heard.
-                asyncio.get_running_loop().call_soon(self._clear_output, None)
+                if self.reply.playing == response["id"]:
+                    asyncio.get_running_loop().call_soon(self._clear_output, None)
+                else:  # queued behind another reply: none of it was heard
+                    for item_id in self.reply.drop(response["id"]):
+                        asyncio.get_running_loop().call_soon(self._truncate, item_id, 0, None)
         elif kind == "input_audio_buffer.speech_started" and self.reply.playing is not None and self._interrupts():
             # The user talks over a reply still playing (its response may be done: the TTS runs
             # ahead of playback). A WebSocket client stops its own playback here; this one is ours.
@@ -156,12 +160,16 @@ class WebRTCCall:
         if cleared is None:
             return
         response_id, item_id, played_ms = cleared
-        session = self.live.session
+        self._truncate(item_id, played_ms, event_id)
+        self._send({"type": "output_audio_buffer.cleared", "event_id": _event_id(), "response_id": response_id})
+
+    def _truncate(self, item_id, played_ms, event_id):
+        """Cut ``item_id`` where its playback stopped, as the client's truncate would."""
+        session = self.live.session if self.live is not None else None
         if item_id is not None and session is not None and item_id in session.items:
             session.handle_client_event({"type": "conversation.item.truncate", "item_id": item_id,
                                          "content_index": 0, "audio_end_ms": int(played_ms),
                                          **({"event_id": event_id} if event_id else {})})
-        self._send({"type": "output_audio_buffer.cleared", "event_id": _event_id(), "response_id": response_id})
 
     def _interrupts(self):
         """Whether the session's turn detection lets user speech interrupt the assistant."""

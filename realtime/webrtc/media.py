@@ -69,6 +69,15 @@ class ReplyTrack(MediaStreamTrack):
         if self.playing == response_id and not self._queue:
             self._stopped()
 
+    def drop(self, response_id):
+        """Drop the queued audio of ``response_id``, which has not started playing (a reply
+        cancelled while another still played). Returns the ids of its items that had audio
+        queued."""
+        items = [item_id for _, rid, item_id in self._queue if rid == response_id]
+        self._queue = deque(entry for entry in self._queue if entry[1] != response_id)
+        self._finished.discard(response_id)
+        return list(dict.fromkeys(items))
+
     def clear(self):
         """Drop the queued audio now. Returns ``(response_id, item_id, played_ms)`` of the reply
         playing (its queue may be empty while the TTS catches up), or None when none was."""
