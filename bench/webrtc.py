@@ -75,7 +75,7 @@ async def webrtc_conversation(server, recording, onset_ms, quiet_s=3.0, timeout_
             e["response_id"] for e in client.events if e["type"] in ("output_audio_buffer.stopped",
                                                                       "output_audio_buffer.cleared")}
         quiet = not client.arrived or time.monotonic() - client.arrived[-1] > quiet_s
-        if not client.microphone.playing and not open_ and not playing and quiet:
+        if not client.microphone.has_audio and not open_ and not playing and quiet:
             break
     duration = time.perf_counter() - started
     await client.hangup()

@@ -7,21 +7,15 @@ switch the server uses) and drops every candidate of the server's answer outside
 """
 
 import asyncio
-import fractions
 import ipaddress
 import json
 import time
 
-import av
 import numpy as np
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
+from aiortc import RTCPeerConnection, RTCSessionDescription
 
 from realtime.webrtc import network
-from realtime.webrtc.media import track_pcm16
-
-RATE = 24_000
-FRAME = RATE // 50  # 20 ms
+from realtime.webrtc.media import RATE, ReplyTrack, track_pcm16
 
 
 def loopback_only(sdp):
@@ -37,40 +31,20 @@ def loopback_only(sdp):
     return "\r\n".join(line for line in sdp.split("\r\n") if keep(line))
 
 
-class Microphone(MediaStreamTrack):
-    """An audio track playing the float32 24 kHz samples given to ``play``, then silence."""
-
-    kind = "audio"
+class Microphone(ReplyTrack):
+    """An audio track playing the float32 24 kHz samples given to ``play``, then silence: the
+    server's reply track (the same pacing and framing), with one endless "reply"."""
 
     def __init__(self):
-        super().__init__()
-        self._pending = np.zeros(0, np.int16)
-        self._start = None
-        self._timestamp = 0
+        super().__init__(lambda kind, response_id: None)
 
     def play(self, samples):
-        pcm = (np.clip(samples, -1, 1) * 32767).astype(np.int16)
-        self._pending = np.concatenate([self._pending, pcm])
+        self.push((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes(), "microphone", "microphone")
 
     @property
-    def playing(self):
-        return len(self._pending) > 0
-
-    async def recv(self):
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self._start is None:
-            self._start = time.time()
-        else:
-            self._timestamp += FRAME
-            await asyncio.sleep(max(0.0, self._start + self._timestamp / RATE - time.time()))
-        out = np.zeros(FRAME, np.int16)
-        taken = self._pending[:FRAME]
-        out[:len(taken)] = taken
-        self._pending = self._pending[len(taken):]
-        frame = av.AudioFrame.from_ndarray(out.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate, frame.pts, frame.time_base = RATE, self._timestamp, fractions.Fraction(1, RATE)
-        return frame
+    def has_audio(self):
+        """Whether some of what it was given is still to be sent."""
+        return bool(self._queue)
 
 
 class WebRTCClient:
