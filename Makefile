@@ -13,7 +13,7 @@ MULTILINGUAL_STAMP := $(VENV)/.multilingual
 
 NODE_STAMP := tests/node/node_modules/.installed
 
-.PHONY: install install-multilingual browser proxy serve lint test test-fast
+.PHONY: install install-multilingual browser proxy espeak serve lint test test-fast
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
@@ -49,6 +49,13 @@ proxy:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq caddy; \
 	  else echo "The proxy tests need Caddy: sudo apt-get install caddy"; exit 1; fi; }
 
+# The interruption corpus's formant voices (bench/interruption_corpus.py, tests/test_e2e_interruptions.py)
+# are Debian's espeak-ng; as root, install it when it is missing.
+espeak:
+	@command -v espeak-ng >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng; \
+	  else echo "The interruption tests need espeak-ng: sudo apt-get install espeak-ng"; exit 1; fi; }
+
 # The @openai/agents JS SDK for the Node client tests (versions pinned by package-lock.json).
 $(NODE_STAMP): tests/node/package-lock.json
 	npm ci --prefix tests/node --no-audit --no-fund
@@ -57,7 +64,7 @@ $(NODE_STAMP): tests/node/package-lock.json
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-test: install install-multilingual lint browser proxy $(NODE_STAMP)
+test: install install-multilingual lint browser proxy espeak $(NODE_STAMP)
 	$(PY) -m pytest -ra
 
 # The tests that need no real models, live server, browser, Node, PostgreSQL, Redis or wheel build

@@ -1,29 +1,82 @@
 """What the benchmarks share: the live server, the recordings, statistics, the machine."""
 
+import contextlib
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
 
 from pool.pipeline.timings import FIELDS
-from pool.testing import LiveServer
+from pool.testing import LiveServer, free_port
 from tests.helpers import AUDIO_DIR
 
 RECORDINGS = {"jfk": AUDIO_DIR / "jfk.flac", "hotwords": AUDIO_DIR / "hotwords.mp3",
               "stereo": AUDIO_DIR / "stereo_diarization.wav"}
 
 
-def start_server(pool_size=1, settings=None, backend=None):
-    """A runpool server with the real default models (or ``backend``) and extra ``S2S`` settings."""
+def start_server(pool_size=1, settings=None, backend=None, project_dir=None):
+    """A runpool server with the real default models (or ``backend``) and extra ``S2S`` settings;
+    ``project_dir``: another checkout to run (a "before" of the same benchmark)."""
     # Benchmarks drive the server from one address, far above a client's CONNECTS_PER_MINUTE.
     env = {"S2S_JSON": json.dumps({"CONNECTS_PER_MINUTE": None, **(settings or {})})}
     if backend:
         env["S2S_BACKEND"] = backend
-    return LiveServer(Path(tempfile.mkdtemp(prefix="s2s-bench-")), pool_size=pool_size, env=env)
+    return LiveServer(Path(tempfile.mkdtemp(prefix="s2s-bench-")), pool_size=pool_size, env=env,
+                      project_dir=project_dir)
+
+
+# llama.cpp's own server as a process of its own, as an operator would run it (`llama-server`).
+_LLAMA_SERVER = """
+import sys, time, xllamacpp
+params = xllamacpp.CommonParams()
+params.model.path = sys.argv[1]
+params.hostnames = ["127.0.0.1"]
+params.port = int(sys.argv[2])
+params.n_ctx = 4096
+params.n_parallel = 1
+params.use_jinja = True  # the GGUF's own chat template, tools included
+params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 2
+params.verbosity = 1
+server = xllamacpp.Server(params)
+while True:
+    time.sleep(3600)
+"""
+
+
+@contextlib.contextmanager
+def llama_endpoint(gguf, timeout=120):
+    """``http://127.0.0.1:PORT/v1``: an OpenAI-compatible chat-completions endpoint, llama.cpp's
+    server (the xllamacpp wheel) serving ``gguf`` on a loopback port, in a process of its own."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-c", _LLAMA_SERVER, str(gguf), str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"llama.cpp's server did not start: {process.stderr.read()[-2000:]!r}")
+            time.sleep(0.3)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def stats(values):

@@ -10,7 +10,7 @@ from pool.backends.cache import default_paths
 from pool.conf import DEFAULTS
 from tests.proxy import Caddy
 
-from . import connect_storm, faults, listening, noise, proxy, soak, stages, throughput, turn_latency, webrtc
+from . import answers, connect_storm, faults, listening, noise, proxy, soak, stages, throughput, turn_latency, webrtc
 from .common import RECORDINGS, emit, rss_mb, start_server
 
 
@@ -26,6 +26,7 @@ def main():
             "throughput": throughput.run(server, 2, 1),
             "soak": soak.run(server, 8, 20),
             "webrtc": webrtc.run(server, {"jfk": RECORDINGS["jfk"]}, 1, 3),
+            "answers": answers.summary(asyncio.run(answers.run_all(server, {"memory", "tools"}, per_group=1))),
         }
         upstream = f"127.0.0.1:{server.port}"
         with Caddy(tempfile.mkdtemp(prefix="s2s-smoke-caddy-"), {"a:8000": upstream, "b:8000": upstream}) as caddy:

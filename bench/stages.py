@@ -5,7 +5,9 @@
 - LLM: the default SmolLM2-135M GGUF through transformers (fp32, de-quantized at load) against
   llama.cpp: time to the first 4 words of a reply (a new prompt, then the same prompt again for
   llama.cpp's prompt cache) and decoding speed; plus any ``--gguf`` a user brings, on llama.cpp;
-- TTS: Kokoro on first phrases of 1 to 4 words and a sentence: compute time and audio length;
+- TTS: Kokoro int8 and fp32, on 2 threads and on 1, on first phrases of 1 to 4 words and a
+  sentence: compute time and audio length; and two phrases due at once, one run after the other
+  on both cores against both at once on a core each;
 - stt-multilingual (the multilingual preset, when prepared): Whisper base with the short window,
   the language given against detected, on jfk.flac and on Kokoro's speech in each preset language.
 
@@ -116,13 +118,45 @@ def llm_rows(paths, repeats, ggufs, skip_transformers):
 
 
 def tts_rows(paths, repeats):
-    tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], DEFAULTS["THREADS"]["tts"])
+    """Kokoro int8 and fp32 (the same weights, pool.backends.dequantize), on 2 threads and on 1."""
     rows = []
-    for text in PHRASES:
-        seconds, audio = timed(lambda text=text: tts.synthesize(text, "af_heart"), repeats)
-        audio_s = len(audio) / 24_000
-        rows.append({"text": text, "audio_s": round(audio_s, 2), "compute_s": seconds,
-                     "real_time_factor": round(seconds / audio_s, 2)})
+    for variant, key in (("int8", "tts_model"), ("fp32", "tts_model_fp32")):
+        for threads in (DEFAULTS["THREADS"]["tts"], 1):
+            tts = KokoroTTS(paths[key], paths["tts_voices"], threads)
+            for text in PHRASES:
+                seconds, audio = timed(lambda text=text, tts=tts: tts.synthesize(text, "af_heart"), repeats)
+                audio_s = len(audio) / 24_000
+                rows.append({"variant": variant, "threads": threads, "text": text, "audio_s": round(audio_s, 2),
+                             "compute_s": seconds, "real_time_factor": round(seconds / audio_s, 2)})
+            del tts
+    return rows
+
+
+def tts_at_once_rows(paths, repeats, text=PHRASES[-1]):
+    """Two replies' phrases due at once: one Kokoro run after the other on both cores, against
+    both at once on one core each (pool.pipeline.compute's choice). Seconds until the first is
+    done and until both are, medians of ``repeats``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rows = []
+    for runs_at_once, threads in ((1, DEFAULTS["THREADS"]["tts"]), (2, 1)):
+        tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], threads)
+        tts.synthesize(text, "af_heart")
+        firsts, boths = [], []
+        with ThreadPoolExecutor(runs_at_once) as pool:
+            for _ in range(repeats):
+                started = time.perf_counter()
+                futures = [pool.submit(tts.synthesize, text, "af_heart") for _ in range(2)]
+                done = []
+                for future in futures:
+                    future.result()
+                    done.append(time.perf_counter() - started)
+                firsts.append(min(done))
+                boths.append(max(done))
+        rows.append({"runs_at_once": runs_at_once, "threads_each": threads, "text": text,
+                     "first_done_s": round(statistics.median(firsts), 3),
+                     "both_done_s": round(statistics.median(boths), 3)})
+        del tts
     return rows
 
 
@@ -159,6 +193,7 @@ def main(argv=None):
         result["llm"] = llm_rows(paths, args.repeats, args.gguf, args.skip_transformers)
     if "tts" in stages:
         result["tts"] = tts_rows(paths, args.repeats)
+        result["tts_two_at_once"] = tts_at_once_rows(paths, args.repeats)
     if "stt-multilingual" in stages:
         result["stt_multilingual"] = multilingual_rows(args.repeats, DEFAULTS["THREADS"]["stt"])
     emit("stages", result)

@@ -1,7 +1,14 @@
-"""Throughput under load: every unit of a pool in conversation at once; turn latency p50/p95, so
-operators can size the pool for their cores.
+"""Throughput under load: every unit of a pool in conversation at once, each client saying the
+same recording at the same moment, so that every reply is asked for at once. First audio from the
+end of speech (p50/p95, and p50 as a multiple of the single conversation's in the same run), and
+playback stalls: the silence a listener hears mid-reply, playing the audio in real time.
 
-    python -m bench.throughput [--pools 2,4] [--rounds 2]
+    python -m bench.throughput [--pools 1,2,4,8] [--rounds 2] [--compare]
+
+``--compare`` runs each pool twice in one run: with ``COMPUTE_RUNS_AT_ONCE`` = 3 x the pool size
+(every unit's Whisper, llama.cpp and Kokoro runs at once, the cores shared by the OS: the
+behaviour before the deadline-first queue) and with the default (one run at a time, earliest
+deadline first).
 """
 
 import argparse
@@ -11,42 +18,53 @@ from .common import RECORDINGS, emit, start_server, stats
 from .driver import converse, turns
 
 SESSION = {"audio": {"input": {"turn_detection": {"interrupt_response": False}}}}
+STALL_MS = 300  # a gap a listener notices (the issue's target: none longer in any reply)
 
 
 async def everyone(server, pool, rounds):
     names = ["hotwords", "stereo"]
-
-    async def client(i):
-        rows = []
-        for r in range(rounds):
-            conversation = await converse(f"{server.base_url}/realtime", RECORDINGS[names[(i + r) % 2]], SESSION)
-            rows += turns(conversation)
-        return rows
-
-    results = await asyncio.gather(*(client(i) for i in range(pool)))
-    return [row for rows in results for row in rows]
+    rows = []
+    for r in range(rounds):  # each round, every client says the same recording at the same moment
+        conversations = await asyncio.gather(*(converse(f"{server.base_url}/realtime", RECORDINGS[names[r % 2]],
+                                                        SESSION) for _ in range(pool)))
+        rows += [row for conversation in conversations for row in turns(conversation)]
+    return rows
 
 
 def run(server, pool, rounds):
     rows = asyncio.run(everyone(server, pool, rounds))
-    return {"pool_size": pool, "concurrent_sessions": pool, "turns": len(rows),
-            "first_audio_ms": stats([r["first_audio"] for r in rows]),
-            "transcript_ms": stats([r["transcript"] for r in rows])}
+    stalls = [r["playback_stall"] for r in rows]
+    return {"pool_size": pool, "turns": len(rows), "first_audio_ms": stats([r["first_audio"] for r in rows]),
+            "transcript_ms": stats([r["transcript"] for r in rows]), "playback_stall_ms": stats(stalls),
+            f"replies_with_stall_over_{STALL_MS}_ms": sum(s > STALL_MS for s in stalls)}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--pools", default="2,4")
+    parser.add_argument("--pools", default="1,2,4,8")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--compare", action="store_true",
+                        help="each pool also with every model run at once (before the queue)")
     args = parser.parse_args(argv)
-    results = []
-    for pool in (int(p) for p in args.pools.split(",")):
-        server = start_server(pool)
-        try:
-            results.append(run(server, pool, args.rounds))
-        finally:
-            server.stop()
-    emit("throughput_under_load", {"silence_ms": 500, "pools": results})
+    pools = [int(p) for p in args.pools.split(",")]
+    configurations = {"deadline_first": lambda pool: {}}
+    if args.compare:
+        configurations = {"all_at_once": lambda pool: {"COMPUTE_RUNS_AT_ONCE": 3 * pool}, **configurations}
+    results = {}
+    for name, settings in configurations.items():
+        rows = []
+        for pool in pools:
+            server = start_server(pool, settings(pool))
+            try:
+                rows.append(run(server, pool, args.rounds))
+            finally:
+                server.stop()
+        single = next((row["first_audio_ms"]["p50"] for row in rows if row["pool_size"] == 1 and row["turns"]), None)
+        for row in rows:
+            if single and row["first_audio_ms"]:
+                row["first_audio_p50_vs_single"] = round(row["first_audio_ms"]["p50"] / single, 2)
+        results[name] = rows
+    emit("throughput_under_load", {"silence_ms": 500, "configurations": results})
 
 
 if __name__ == "__main__":

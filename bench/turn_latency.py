@@ -2,7 +2,7 @@
 server, with the default session (barge-in on) for each turn detection type.
 
     python -m bench.turn_latency [--runs 3] [--turn-detection server_vad,semantic_vad]
-                                 [--threads '{"llm": 2, "tts": 2}']
+                                 [--threads '{"llm": 2, "tts": 2}'] [--settings '{"SPECULATIVE_REPLIES": false}']
 
 For each completed response: milliseconds from the end of the user's speech to speech_stopped,
 committed, the transcript, response.created, the first LLM text and phrase, the first TTS audio
@@ -11,7 +11,8 @@ minus the transcript minus the stages' own compute after it (LLM up to the first
 the first phrase). The STT runs at the first 200 ms of a pause (speculatively), so its compute is
 reported but is not all on the critical path: "transcript" - "committed" is. Per conversation:
 whether its last user turn got a completed reply ("answered turns"). Per run: how many
-speculative transcripts were used by a commit and how many were thrown away.
+speculative transcripts, and speculative replies, were used by a commit and how many were thrown
+away.
 """
 
 import argparse
@@ -19,6 +20,7 @@ import asyncio
 import json
 import urllib.request
 
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from .common import RECORDINGS, emit, start_server, stats, turn_timings
@@ -64,15 +66,18 @@ def measure(server, recordings, runs, turn_detection="server_vad"):
 
 
 def speculations(server):
-    """The server's speculative transcripts so far: {"used": n, "discarded": n} (GET /metrics)."""
+    """The server's speculative transcripts and replies so far: {"used": n, "discarded": n,
+    "replies_used": n, "replies_discarded": n} (GET /metrics)."""
     request = urllib.request.Request(f"{server.http_url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
     with urllib.request.urlopen(request, timeout=5) as reply:
         text = reply.read().decode()
-    counts = {"used": 0, "discarded": 0}
+    counts = {"used": 0, "discarded": 0, "replies_used": 0, "replies_discarded": 0}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "s2s_stt_speculations_total":
                 counts[sample.labels["outcome"]] += int(sample.value)
+            elif sample.name == "s2s_speculative_replies_total":
+                counts[f"replies_{sample.labels['outcome']}"] += int(sample.value)
     return counts
 
 
@@ -98,21 +103,25 @@ def main(argv=None):
     parser.add_argument("--turn-detection", default="server_vad,semantic_vad")
     parser.add_argument("--threads", type=json.loads, default=None, help="S2S THREADS override, JSON")
     parser.add_argument("--recordings", default=",".join(RECORDINGS))
+    parser.add_argument("--settings", type=json.loads, default={}, help="more S2S settings, JSON "
+                        "(e.g. '{\"SPECULATIVE_REPLIES\": false}' for the measure without speculative replies)")
     args = parser.parse_args(argv)
-    settings = {"STATUS_TOKEN": TOKEN, **({"THREADS": args.threads} if args.threads else {})}
+    settings = {"STATUS_TOKEN": TOKEN, **({"THREADS": args.threads} if args.threads else {}), **args.settings}
     server = start_server(1, settings)
     results = []
     try:
         recordings = {name: RECORDINGS[name] for name in args.recordings.split(",")}
+        process = psutil.Process(server.process.pid)
         for turn_detection in args.turn_detection.split(","):
-            before = speculations(server)
+            before, cpu = speculations(server), sum(process.cpu_times()[:2])
             rows, answered = measure(server, recordings, args.runs, turn_detection)
-            after = speculations(server)
+            after, cpu = speculations(server), sum(process.cpu_times()[:2]) - cpu
             results.append({**summary(rows, answered, turn_detection),
-                            "stt_speculations": {k: after[k] - before[k] for k in after}, "rows": rows})
+                            "speculations": {k: after[k] - before[k] for k in after},
+                            "server_cpu_seconds_per_turn": round(cpu / max(1, len(rows)), 2), "rows": rows})
     finally:
         server.stop()
-    emit("turn_latency", {"threads": args.threads or "default", "results": results})
+    emit("turn_latency", {"threads": args.threads or "default", "settings": args.settings, "results": results})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 live and quarantined units, server processes, and the session history (each session's
 conversation, responses and turn latency, with a JSON export)."""
 
+from datetime import timedelta
+
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
@@ -14,6 +16,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from pool import control
+from pool.history.timeline import first_audio_chart, session_timeline
 from pool.models import APIKey, ConversationItem, QuarantinedUnit, ServerProcess, Session, SessionResponse, Unit
 from pool.pipeline import timings
 from pool.states import LIVE_PROCESS_STATES, SessionState, UnitState
@@ -136,9 +139,14 @@ class ServerProcessAdmin(ReadOnlyAdmin):
                       "for": seconds((now - unit.state_since).total_seconds(), 0)} for unit in process.units.all()]
             processes.append({"process": process, "units": units,
                               "heartbeat_age": seconds((now - process.heartbeat_at).total_seconds(), 0)})
+        answered = SessionResponse.objects.filter(
+            status="completed", first_audio_sent_ms__isnull=False,
+            session__created_at__gte=now - timedelta(hours=2)).select_related("session").order_by("-id")[:5000]
+        chart = first_audio_chart([(r.session.created_at + timedelta(milliseconds=r.at_ms), r.first_audio_sent_ms)
+                                   for r in answered], now)
         context = {**self.admin_site.each_context(request), "title": "Pool overview", "processes": processes,
                    "may_release": releaser, "refresh_seconds": OVERVIEW_REFRESH_SECONDS,
-                   "opts": self.model._meta}
+                   "opts": self.model._meta, "first_audio": chart}
         return TemplateResponse(request, "admin/pool/overview.html", context)
 
 
@@ -174,6 +182,8 @@ class ConversationItemInline(HistoryInline):
     def who(self, item):
         if item.kind == ConversationItem.ERROR:
             return "error (sent)"
+        if item.kind == ConversationItem.OVERLAP:
+            return f"over the assistant: {item.status}"
         if item.kind != ConversationItem.MESSAGE:
             return item.get_kind_display()
         if item.voice or item.language:
@@ -252,6 +262,14 @@ class SessionAdmin(ReadOnlyAdmin):
     ]
     inlines = [ConversationItemInline, SessionResponseInline]
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The session's page, with its timeline drawn (``pool.history.timeline``)."""
+        session = self.get_object(request, unquote(object_id))
+        if session is not None:
+            extra_context = {**(extra_context or {}), "timeline": session_timeline(
+                session.items.all(), session.response_records.all())}
+        return super().change_view(request, object_id, form_url, extra_context)
+
     def get_urls(self):
         view = self.admin_site.admin_view
         return [path("<path:object_id>/export/", view(self.export_view), name="pool_session_export"),
@@ -274,7 +292,8 @@ class SessionAdmin(ReadOnlyAdmin):
 
     def export_view(self, request, object_id):
         """The session as JSON: its record, its items in the Realtime API's item shape, the
-        errors it was sent and its responses with their timings."""
+        errors it was sent, what was heard over the assistant and how it was taken, and its
+        responses with their timings."""
         session = self._session_or_404(request, object_id)
         if not self.has_view_permission(request, session):
             raise PermissionDenied
@@ -282,9 +301,11 @@ class SessionAdmin(ReadOnlyAdmin):
         body = {
             "session": {f.name: f.value_to_string(session) if isinstance(f, FileField) else f.value_from_object(session)
                         for f in Session._meta.concrete_fields if f.name not in ("process", "released_by", "api_key")},
-            "items": [item.data for item in items if item.kind != ConversationItem.ERROR],
+            "items": [item.data for item in items if item.kind not in (ConversationItem.ERROR, ConversationItem.OVERLAP)],
             "errors": [{"event_id": item.item_id, "at_ms": item.at_ms, "error": item.data}
                        for item in items if item.kind == ConversationItem.ERROR],
+            "overlaps": [{"at_ms": item.at_ms, "audio_start_ms": item.audio_start_ms, "audio_end_ms": item.audio_end_ms,
+                          **item.data} for item in items if item.kind == ConversationItem.OVERLAP],
             "responses": list(session.response_records.values(
                 "response_id", "status", "reason", "at_ms", "input_tokens", "output_tokens", *timings.FIELDS)),
         }

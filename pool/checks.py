@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
 from pool.backends import InvalidBackendError, backend_loader
-from pool.backends.cache import PRESETS
+from pool.backends.cache import PRESETS, TTS_VARIANTS
 from pool.states import LIVE_PROCESS_STATES
 
 IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"
@@ -60,6 +60,12 @@ def check_settings(app_configs, **kwargs):
     if user.get("PRESET", "english") not in PRESETS:
         problems.append(Error(f"S2S['PRESET'] must be one of {', '.join(PRESETS)}; got {user['PRESET']!r}.",
                               id="pool.E008"))
+    if user.get("TTS_VARIANT", "auto") not in ("auto", *TTS_VARIANTS):
+        problems.append(Error(f"S2S['TTS_VARIANT'] must be 'auto', 'int8' or 'fp32'; got {user['TTS_VARIANT']!r}.",
+                              id="pool.E005"))
+    if user.get("LLM_TOOL_CALLS", "auto") not in ("auto", "native", "prompt"):
+        problems.append(Error("S2S['LLM_TOOL_CALLS'] must be 'auto', 'native' or 'prompt'; got "
+                              f"{user['LLM_TOOL_CALLS']!r}.", id="pool.E005"))
     if user.get("HISTORY_ON_USER_DELETE", "anonymise") not in ("anonymise", "delete"):
         problems.append(Error("S2S['HISTORY_ON_USER_DELETE'] must be 'anonymise' or 'delete'; got "
                               f"{user['HISTORY_ON_USER_DELETE']!r}.", id="pool.E005"))
@@ -72,7 +78,7 @@ def check_settings(app_configs, **kwargs):
 
 
 # Numbers that must be more than 0 when set (0 would refuse every client or end every session).
-POSITIVE = ("POOL_SIZE", "RELEASE_AFTER_SECONDS", "CLAIM_WAIT_SECONDS", "IDLE_TIMEOUT_SECONDS",
+POSITIVE = ("POOL_SIZE", "COMPUTE_RUNS_AT_ONCE", "LLM_TIMEOUT_SECONDS", "RELEASE_AFTER_SECONDS", "CLAIM_WAIT_SECONDS", "IDLE_TIMEOUT_SECONDS",
             "HEARTBEAT_SECONDS", "LOST_AFTER_SECONDS", "CONNECTS_PER_MINUTE", "MAX_SESSION_SECONDS",
             "SLOW_CLIENT_SECONDS", "MAX_MESSAGE_BYTES", "LLM_MAX_OUTPUT_TOKENS", "LLM_CONTEXT_CHARS",
             "HISTORY_RETENTION_DAYS", "RECORDING_RETENTION_DAYS")

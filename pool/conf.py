@@ -37,21 +37,37 @@ DEFAULTS = {
     # needs the `multilingual` extra). docs/MODELS.md.
     "PRESET": "english",
     "LLM_MODEL": None,  # a .gguf file (run by llama.cpp) or a transformers checkpoint folder
+    # A GGUF's function tools: "native" (llama.cpp's Jinja chat template shows them to the model
+    # in its own trained form), "prompt" (offered in the system prompt, for templates without
+    # tools), or "auto": native when the chat template takes tools.
+    "LLM_TOOL_CALLS": "auto",
+    "LLM_CHAT_TEMPLATE": None,  # a Jinja file that replaces the GGUF's own chat template
     # An OpenAI-compatible chat-completions endpoint (vLLM, llama.cpp server, Ollama) instead of
     # the local LLM, e.g. "http://127.0.0.1:11434/v1".
     "LLM_BASE_URL": None,
     "LLM_API_KEY": "",
     "LLM_API_MODEL": "",
+    # Seconds the endpoint may take to connect (at most 5) and between parts of its stream; then
+    # the response fails with model_error and the session goes on.
+    "LLM_TIMEOUT_SECONDS": 30.0,
     "LLM_MAX_OUTPUT_TOKENS": 120,
     # Conversation sent to the LLM per response (characters of chat messages, newest first), with
     # the session's truncation "auto": a long call keeps a bounded prompt.
     "LLM_CONTEXT_CHARS": 8000,
     "TTS_MODEL": None,  # a Kokoro .onnx file
+    # The packaged Kokoro's variant: "int8", "fp32" (the same weights, derived by prepare_models),
+    # or "auto": the one prepare_models timed faster on this CPU (int8 wins with AVX-512 VNNI).
+    "TTS_VARIANT": "auto",
     "TURN_MODEL": None,  # a Smart Turn v3.x .onnx file (semantic_vad's end-of-turn model)
     "TTS_VOICES": None,  # a Kokoro voices .npz file
     # Threads for each library, decided together for a 2-core machine: VAD is tiny and runs
     # alone; STT, LLM and TTS rarely overlap within one turn except LLM and TTS while streaming.
     "THREADS": {"vad": 1, "stt": 2, "llm": 2, "tts": 2},
+    # Model runs (a transcription, a local LLM's next phrase, a synthesis) the process's units
+    # make at once, earliest deadline first (pool.pipeline.compute). 1: each has the THREADS of its
+    # library, so a waiting user's turn is done soonest; 3 x the pool size: every unit's at once,
+    # the cores shared by the OS (as before the queue).
+    "COMPUTE_RUNS_AT_ONCE": 1,
     # A connect that finds every unit busy but some draining waits this long for one (seconds).
     "CLAIM_WAIT_SECONDS": 3.0,
     # Close a session that sends nothing for this many seconds (None: never).
@@ -111,10 +127,12 @@ DEFAULTS = {
     "DEFAULT_TURN_DETECTION": "server_vad",
     # While the assistant speaks (its reply has sent audio, or that audio is still playing on the
     # client), new speech is judged by a peek (a transcript of it so far) at each this many ms of
-    # voiced speech: it interrupts once a peek hears words other than backchannels; speech that
-    # ends before is a backchannel or noise and is dropped. Until then speech_started and the
-    # reply's next events are held back. 0: any speech interrupts at once (OpenAI's behaviour).
-    "INTERRUPT_MIN_SPEECH_MS": 500,
+    # voiced speech, at its first pause and at its end: it interrupts once a peek hears an
+    # interruption (realtime.session.turns); speech that ends before is a backchannel or noise and
+    # is dropped. Until then speech_started and the reply's next events are held back. 300 ms:
+    # the interruption corpus's tune part (500 ms missed more short "Wait."s). 0: any speech
+    # interrupts at once (OpenAI's behaviour).
+    "INTERRUPT_MIN_SPEECH_MS": 300,
     # Backchannel words (lower case, letters only). A peek made only of these, and of hums
     # however they are spelled (m, h, n and u only: "mm-hmm", "uh-huh"), is not an interruption.
     # "im": Whisper writes the start of a hum as "I'm"; a user who goes on ("I'm sorry, what?")
@@ -126,6 +144,31 @@ DEFAULTS = {
     # The STT's prompt for peeks: Whisper writes a listener's "mm-hmm" as words it has been told
     # to expect, not as look-alike words ("And Memhome.").
     "BACKCHANNEL_PROMPT": "Mm-hmm. Uh-huh. Yeah. Okay. Right.",
+    # A peek's audio is scored against these phrases (Whisper's log-probability of each, forced,
+    # against its own transcript's: WhisperSTT.hear); speech at least BACKCHANNEL_LIKENESS like
+    # one of them is a backchannel, whatever words Whisper wrote for it. "en"'s count in every
+    # language. Tuned on the interruption corpus's tune part (bench.interruptions).
+    "BACKCHANNEL_PHRASES": {
+        "en": ["Mm-hmm.", "Uh-huh.", "Mhm.", "Hmm.", "Yeah.", "Yes.", "Yep.", "Okay.", "Right.", "I see.", "Sure.",
+               "Oh.", "Wow.", "Ha ha ha.", "Haha."],
+        "es": ["Sí.", "Vale.", "Ajá.", "Claro."],
+        "fr": ["Oui.", "D'accord.", "Ah bon.", "Ouais."],
+        "it": ["Sì.", "Certo.", "Ah."],
+        "pt": ["Sim.", "Tá bom.", "Ah."],
+        "hi": ["हाँ।", "अच्छा।", "ठीक है।"],
+    },
+    "BACKCHANNEL_LIKENESS": -1.8,
+    # Words that mark an interruption: a peek that hears one of them interrupts at once, however
+    # like a backchannel it sounds ("Wait" heard at 300 ms sounds like "Wow"); the other languages'
+    # count while the user speaks them.
+    "INTERRUPTION_WORDS": ["wait", "stop", "no", "hold", "hang", "sorry", "what", "pardon", "excuse", "hey"],
+    "INTERRUPTION_WORDS_BY_LANGUAGE": {
+        "es": ["espera", "para", "no", "perdon", "perdona", "que", "oye"],
+        "fr": ["attends", "attendez", "arrete", "arretez", "non", "pardon", "quoi", "hein"],
+        "it": ["aspetta", "aspetti", "ferma", "no", "scusa", "scusi", "cosa"],
+        "pt": ["espera", "espere", "para", "pare", "nao", "desculpa", "desculpe", "que"],
+        "hi": ["रुको", "रुकिए", "नहीं", "माफ़", "क्या", "ruko", "nahin", "kya"],
+    },
     # The same, in the other languages of the multilingual preset: they count while the user
     # speaks that language (the session's transcription language, else the last one detected).
     # Compared without accents; Hindi in Devanagari and as Whisper may romanise it.
@@ -139,12 +182,26 @@ DEFAULTS = {
         "hi": ["हाँ", "हां", "अच्छा", "ठीक", "है", "जी", "हम्म", "ओके", "haan", "han", "accha", "achha", "theek",
                "thik", "ji", "ok", "okay"],
     },
+    # Transports whose clients' microphones may hear the assistant from their own speakers: the
+    # server cancels that echo with what it sent as the reference (pool.backends.echo). A
+    # browser's WebRTC cancels its own echo. [] turns it off.
+    "ECHO_CANCELLATION_TRANSPORTS": ["websocket"],
+    # At the first pause of a turn that would be answered at once, start its reply (LLM and first
+    # phrase) on the transcript made there, held: the commit adopts it if the turn ends with the
+    # same words, else it is discarded without a trace. Its work runs only when no other is due.
+    "SPECULATIVE_REPLIES": True,
     # Defaults of a new session, as in OpenAI's hosted API.
     "DEFAULT_INSTRUCTIONS": (
         "You are a helpful, friendly voice assistant. Answer in one or two short sentences "
         "of plain spoken English."
     ),
     "DEFAULT_VOICE": "alloy",
+    # Said to the LLM before the session's instructions when a reply is spoken: what a voice
+    # reply is (bench.answers measures it). "" or None: the session's instructions alone.
+    "VOICE_STYLE": (
+        "Your words are spoken aloud by a voice. Reply in short, plain spoken sentences, with no "
+        "markdown, lists, headings, code, links or emoji."
+    ),
     # input_image parts: data: URLs always; http(s) image URLs only of these hosts (the LLM
     # endpoint would fetch them, so a client cannot make it fetch arbitrary URLs). Default: none.
     "IMAGE_URL_HOSTS": [],
@@ -184,11 +241,12 @@ _PATH = (str, os.PathLike)
 # Keys that may be None, and their type when set; every other key has its default's type
 # (a float key also takes an int). ``pool.checks`` holds ``settings.S2S`` to these.
 OPTIONAL = {
-    "VAD_MODEL": _PATH, "STT_MODEL": _PATH, "LLM_MODEL": _PATH, "TTS_MODEL": _PATH,
+    "VAD_MODEL": _PATH, "STT_MODEL": _PATH, "LLM_MODEL": _PATH, "TTS_MODEL": _PATH, "LLM_CHAT_TEMPLATE": _PATH,
     "TURN_MODEL": _PATH, "TTS_VOICES": _PATH, "LLM_BASE_URL": str, "STATUS_TOKEN": str, "PUBLIC_URL": str,
-    "ALLOWED_ORIGINS": (list, tuple), "IDLE_TIMEOUT_SECONDS": (int, float),
+    "ALLOWED_ORIGINS": (list, tuple), "VOICE_STYLE": str, "IDLE_TIMEOUT_SECONDS": (int, float),
     "CONNECTS_PER_MINUTE": int, "MAX_SESSION_SECONDS": (int, float),
     "HISTORY_RETENTION_DAYS": (int, float), "RECORDING_RETENTION_DAYS": (int, float),
+    "BACKCHANNEL_LIKENESS": (int, float), "BACKCHANNEL_PROMPT": str,
 }
 
 

@@ -26,6 +26,11 @@ TURN_FIRST_AUDIO = Histogram("s2s_turn_first_audio_seconds",
                              "From speech_stopped to the first audio delta sent.", ["process"], buckets=BUCKETS)
 SPECULATIONS = Counter("s2s_stt_speculations", "Transcripts made at a pause before the turn ended: "
                        "used by the commit, or discarded because the user went on.", ["process", "outcome"])
+OVERLAPS = Counter("s2s_overlaps", "Sound heard over the assistant's speech, by what it was taken for: "
+                   "interruption or turn, backchannel or noise (dropped), echo (removed).", ["process", "kind"])
+SPECULATIVE_REPLIES = Counter("s2s_speculative_replies", "Replies started at the first pause of a turn, before "
+                              "its commit: used (the turn ended there, with those words) or discarded.",
+                              ["process", "outcome"])
 STAGE_SECONDS = Histogram("s2s_stage_seconds", "Compute time of a stage in one turn.", ["process", "stage"],
                           buckets=BUCKETS)
 

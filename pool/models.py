@@ -212,10 +212,13 @@ class ConversationItem(models.Model):
 
     MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, ERROR, NOTICE = (
         "message", "function_call", "function_call_output", "error", "notice")
+    # Sound heard over the assistant and what it was taken for (its status: interruption, turn,
+    # backchannel, noise or echo; realtime.session.turns): not an item of the conversation.
+    OVERLAP = "overlap"
     # The items of MCP tools, which the server runs (realtime.session.mcp).
     MCP_KINDS = ("mcp_list_tools", "mcp_call", "mcp_approval_request", "mcp_approval_response")
     KINDS = [(k, k.replace("_", " ").replace("mcp", "MCP"))
-             for k in (MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, *MCP_KINDS, ERROR, NOTICE)]
+             for k in (MESSAGE, FUNCTION_CALL, FUNCTION_CALL_OUTPUT, *MCP_KINDS, ERROR, NOTICE, OVERLAP)]
 
     session = models.ForeignKey(Session, to_field="session_id", on_delete=models.CASCADE, related_name="items")
     item_id = models.CharField(max_length=64, help_text="The item's id (an error's event id).")

@@ -14,7 +14,7 @@ field whether it is acted on.
 import copy
 import re
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from openai.types.realtime import (
@@ -126,6 +126,33 @@ def default_session(session_id, model, instructions, voice, turn_detection="serv
 
 
 @dataclass(frozen=True)
+class Backchannels:
+    """What a listener says over the assistant without taking the turn, and how a peek at such
+    speech is judged (the BACKCHANNEL_* settings; ``realtime.session.turns``).
+
+    ``words``: words (lower case, any spelling the STT may use) that are a listener's;
+    ``by_language``: ISO 639-1 code -> more of them, which count while the user speaks that
+    language; ``prompt``: the STT's prompt for peeks; ``phrases``: ISO code -> the phrases a
+    peek's audio is scored against (``pool.backends.stt.WhisperSTT.hear``; "en"'s are scored in
+    every language); ``likeness``: a peek at least this like one of them is a backchannel,
+    whatever words the STT wrote (None: the words alone decide); ``cues`` and
+    ``cues_by_language``: words that mark an interruption, whatever it sounds like.
+    """
+
+    words: tuple = ()
+    prompt: str | None = None
+    by_language: dict = field(default_factory=dict)
+    phrases: dict = field(default_factory=dict)
+    likeness: float | None = None
+    cues: tuple = ()
+    cues_by_language: dict = field(default_factory=dict)
+
+    def phrases_for(self, language):
+        """The phrases a peek is scored against while the user speaks ``language``."""
+        return (*self.phrases.get("en", ()), *(self.phrases.get(language, ()) if language != "en" else ()))
+
+
+@dataclass(frozen=True)
 class SessionDefaults:
     """What a new session starts from, every field required: the values live in one place, the
     ``S2S`` settings (``pool.conf.DEFAULTS``), and ``session_defaults`` reads them.
@@ -133,8 +160,8 @@ class SessionDefaults:
     ``speaks``: ``PoolRegistry.speaks`` (the loaded models' languages, voices and STT name);
     ``max_output_tokens``: the cap of every response; ``context_chars``: the LLM context budget
     (characters); ``turn_detection``: "server_vad" or "semantic_vad"; the rest as the settings of
-    the same names (INTERRUPT_MIN_SPEECH_MS, BACKCHANNEL_*, HISTORY_MAX_ITEMS, IMAGE_URL_HOSTS,
-    MCP_*).
+    the same names (INTERRUPT_MIN_SPEECH_MS, BACKCHANNEL_* as ``backchannels``, HISTORY_MAX_ITEMS,
+    IMAGE_URL_HOSTS, MCP_*, VOICE_STYLE, SPECULATIVE_REPLIES).
     """
 
     model: str
@@ -145,14 +172,14 @@ class SessionDefaults:
     context_chars: int
     turn_detection: str
     interrupt_min_speech_ms: int
-    backchannel_words: tuple
-    backchannel_prompt: str | None
-    backchannel_words_by_language: dict
+    backchannels: Backchannels
     history_max_items: int
     image_url_hosts: tuple = ()
     mcp_server_hosts: tuple = ()
     mcp_timeout_seconds: float = 10.0
     mcp_max_rounds: int = 3
+    voice_style: str = ""
+    speculative_replies: bool = False
 
     def session(self, session_id):
         """A new session's configuration (``default_session``)."""
@@ -172,14 +199,17 @@ def session_defaults(config, speaks, model="s2s-default"):
         context_chars=config["LLM_CONTEXT_CHARS"],
         turn_detection=config["DEFAULT_TURN_DETECTION"],
         interrupt_min_speech_ms=config["INTERRUPT_MIN_SPEECH_MS"],
-        backchannel_words=tuple(config["BACKCHANNEL_WORDS"]),
-        backchannel_prompt=config["BACKCHANNEL_PROMPT"],
-        backchannel_words_by_language=config["BACKCHANNEL_WORDS_BY_LANGUAGE"],
+        backchannels=Backchannels(tuple(config["BACKCHANNEL_WORDS"]), config["BACKCHANNEL_PROMPT"],
+                                  config["BACKCHANNEL_WORDS_BY_LANGUAGE"], config["BACKCHANNEL_PHRASES"],
+                                  config["BACKCHANNEL_LIKENESS"], tuple(config["INTERRUPTION_WORDS"]),
+                                  config["INTERRUPTION_WORDS_BY_LANGUAGE"]),
         history_max_items=config["HISTORY_MAX_ITEMS"],
         image_url_hosts=tuple(config["IMAGE_URL_HOSTS"]),
         mcp_server_hosts=tuple(config["MCP_SERVER_HOSTS"]),
+        voice_style=config["VOICE_STYLE"] or "",
         mcp_timeout_seconds=config["MCP_TIMEOUT_SECONDS"],
         mcp_max_rounds=config["MCP_MAX_ROUNDS"],
+        speculative_replies=config["SPECULATIVE_REPLIES"],
     )
 
 

@@ -77,12 +77,15 @@ class ScriptedChatCompletions(BaseHTTPRequestHandler):
     spoke last, and a sentence about the function result after a tool message."""
 
     requests = []
+    replies = None  # content chunks to stream instead, whatever was asked
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append(body)
         last = body["messages"][-1]
-        if body.get("tools") and last["role"] == "user":
+        if self.replies is not None:
+            chunks = [{"content": part} for part in self.replies]
+        elif body.get("tools") and last["role"] == "user":
             chunks = [{"tool_calls": [{"index": 0, "id": "call_abc", "type": "function",
                                        "function": {"name": "get_weather", "arguments": ""}}]},
                       {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
@@ -108,7 +111,7 @@ class ScriptedChatCompletions(BaseHTTPRequestHandler):
 @pytest.fixture
 def chat_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedChatCompletions)
-    ScriptedChatCompletions.requests = []
+    ScriptedChatCompletions.requests, ScriptedChatCompletions.replies = [], None
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
@@ -124,6 +127,36 @@ def test_openai_compatible_backend_streams_text_and_assembles_tool_calls(chat_se
     assert usage == {"input_tokens": 7, "output_tokens": 3}
     sent = ScriptedChatCompletions.requests[-1]
     assert sent["tools"][0]["function"]["name"] == "get_weather" and sent["model"] == "some-model"
+
+
+@pytest.mark.parametrize("written", [
+    ["```json\n", '{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n```'],  # Qwen2.5-Coder's
+    ['{"name": "get_weather", "arguments": {"city": "Paris"}}'],
+    ['<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'],
+])
+def test_a_call_the_endpoints_model_writes_as_text_is_a_call_not_speech(chat_server, written):
+    """llama.cpp's server streams a call it does not parse as content (Qwen2.5-Coder-1.5B's
+    fenced calls, bench.answers: spoken as "name set_timer arguments minutes 5")."""
+    ScriptedChatCompletions.replies = written
+    llm = OpenAICompatibleLLM(chat_server, "key", "some-model")
+    calls, text = [], []
+    request = LLMRequest([{"role": "user", "content": "Weather?"}], 50, [WEATHER], "auto")
+    llm.generate(request, text.append, lambda: False, lambda *call: calls.append(call))
+    assert calls == [("get_weather", '{"city": "Paris"}')] and text == []
+
+
+@pytest.mark.parametrize("written, tools", [
+    (['{"name": "get_time", "arguments": {}}'], [WEATHER]),  # a tool that was not offered
+    (["{curly} ", "is a word here."], [WEATHER]),
+    (['{"name": "get_weather", "arguments": {"city": "Paris"}}'], []),  # no tools offered: text
+])
+def test_text_that_only_looks_like_a_call_is_said(chat_server, written, tools):
+    ScriptedChatCompletions.replies = written
+    llm = OpenAICompatibleLLM(chat_server, "key", "some-model")
+    calls, text = [], []
+    llm.generate(LLMRequest([{"role": "user", "content": "Hi"}], 50, tools, "auto"), text.append,
+                 lambda: False, lambda *call: calls.append(call))
+    assert calls == [] and "".join(text) == "".join(written)
 
 
 @pytest.fixture
@@ -164,14 +197,29 @@ async def test_openai_compatible_backend_through_the_protocol():
     (["Hello", " there"], ["Hello", " there"], []),
     (["<to", "day is fine"], ["<today is fine"], []),
     (["<tool_call>", "not json"], ["<tool_call>not json"], []),
+    # Qwen2.5's <tool_call> is a special token: llama.cpp streams the call without it (and the
+    # model may go on with more).
+    (['{"name"', ': "f", "arguments": {"a": 1}}\n{"name": "f"'], [], [("f", '{"a": 1}')]),
+    (['{"name": "f", "arguments": "{\\"a\\": 2}"}'], [], [("f", '{"a": 2}')]),
+    (["```", "json", "\n{\n", '  "name": "f",\n  "arguments": {"a": 3}\n}\n```'], [], [("f", '{"a": 3}')]),  # Qwen2.5-Coder
+    (["```python\nprint(1)\n```"], ["```python\nprint(1)\n```"], []),  # code, not a call: words
+    (['{"name": "launch", "arguments": {}}'], ['{"name": "launch", "arguments": {}}'], []),  # not offered: words
+    (['{"a": 1}'], ['{"a": 1}'], []),
 ])
-def test_tool_call_catcher_for_models_without_native_tools(pieces, spoken, calls):
+def test_a_tool_call_is_read_in_either_form_and_only_for_a_tool_offered(pieces, spoken, calls):
     said, called = [], []
-    catcher = _ToolCallCatcher(said.append, lambda *c: called.append(c))
+    catcher = _ToolCallCatcher(said.append, lambda *c: called.append(c), ["f"])
     for piece in pieces:
         catcher.text(piece)
     catcher.finish()
-    assert "".join(said) == "".join(spoken) and called == calls
+    assert "".join(said) == "".join(spoken) and [(n, json.dumps(json.loads(a))) for n, a in called] == calls
+
+
+def test_text_that_opens_as_anything_but_a_call_is_spoken_as_it_streams():
+    said = []
+    catcher = _ToolCallCatcher(said.append, None, ["f"])
+    catcher.text(" It is")
+    assert said == [" It is"]  # not held to the end
 
 
 @pytest.mark.usefixtures("endpoint_pool")

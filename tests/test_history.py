@@ -92,9 +92,13 @@ async def test_a_session_keeps_its_conversation_errors_and_turn_timings(recorded
     rows = {r.response_id: r async for r in SessionResponse.objects.filter(session_id=session_id)}
     voice_turn = rows[answered_id]
     assert voice_turn.status == "completed" and voice_turn.output_tokens > 0
-    steps = [voice_turn.response_created_ms, voice_turn.llm_start_ms, voice_turn.llm_first_text_ms,
-             voice_turn.llm_first_phrase_ms, voice_turn.tts_first_audio_ms, voice_turn.first_audio_sent_ms]
-    assert None not in steps and steps == sorted(steps) and 0 <= voice_turn.committed_ms <= steps[0]
+    # The stages' marks in order; with a speculative reply (started at the pause, adopted at the
+    # commit) they come before the end of speech, and the first audio goes out when it is adopted.
+    stages = [voice_turn.llm_start_ms, voice_turn.llm_first_text_ms, voice_turn.llm_first_phrase_ms,
+              voice_turn.tts_first_audio_ms]
+    assert None not in stages and stages == sorted(stages)
+    assert 0 <= voice_turn.committed_ms <= voice_turn.response_created_ms <= voice_turn.first_audio_sent_ms
+    assert voice_turn.tts_first_audio_ms <= voice_turn.first_audio_sent_ms
     assert voice_turn.stt_compute_ms is not None and voice_turn.tts_first_compute_ms is not None
     text_turn = rows[cancelled_id]  # no speech ended it: no turn timings
     assert (text_turn.status, text_turn.reason) == ("cancelled", "client_cancelled")
@@ -285,3 +289,41 @@ def test_every_turn_timing_has_its_column_and_the_admin_names_only_real_timings(
         assert isinstance(columns.get(name), kind), name
         assert columns[name].null, name  # None: never reached
     assert {f"{name}_ms" for name, _label in TIMING_COLUMNS} <= set(FIELDS)
+
+
+@pytest.mark.django_db
+def test_the_session_page_draws_why_a_reply_stopped_and_the_overview_the_first_audio_of_the_hour():
+    """An operator's picture of a session: the user's speech, a backchannel dropped and echo
+    removed over the assistant, the reply as sent and where speech over it stopped it (its
+    reason), the gap from the end of speech to the reply's first audio; and on the pool overview
+    the p50/p95 of the last hour's first audio."""
+    now = timezone.now()
+    row = Session.objects.create(session_id="sess_drawn", unit_index=0, created_at=now - timedelta(minutes=10))
+    item = dict(session=row, role="user", status="completed", data={})
+    ConversationItem.objects.create(item_id="item_q", kind="message", text="Tell me a story.", at_ms=1_000,
+                                    audio_start_ms=800, audio_end_ms=2_400, **item)
+    ConversationItem.objects.create(item_id="item_a", kind="message", role="assistant", status="incomplete",
+                                    text="Once upon a time", at_ms=3_600, audio_ms=2_500, interrupted=True,
+                                    response_id="resp_1", session=row, data={})
+    ConversationItem.objects.create(item_id="overlap_1", kind="overlap", text="Mm-hmm.", at_ms=4_300,
+                                    audio_start_ms=3_900, audio_end_ms=4_300, **{**item, "status": "backchannel"})
+    ConversationItem.objects.create(item_id="overlap_2", kind="overlap", at_ms=4_500, audio_start_ms=3_700,
+                                    audio_end_ms=5_200, **{**item, "status": "echo"})
+    ConversationItem.objects.create(item_id="item_w", kind="message", text="Wait, stop.", at_ms=6_000,
+                                    audio_start_ms=5_800, audio_end_ms=6_700, **item)
+    SessionResponse.objects.create(session=row, response_id="resp_1", status="cancelled", reason="turn_detected",
+                                   at_ms=2_900, first_audio_sent_ms=1_200)
+    page = admin_browser().get(f"/admin/pool/session/{row.pk}/change/").content.decode()
+    start = page.index('<svg class="s2s-timeline"')
+    svg = page[start:page.index("</svg>", start)]
+    assert svg.count('class="speech"') == 2 and 'class="stopped"' in svg and 'class="reply"' not in svg
+    assert "<title>Once upon a time - stopped: turn_detected</title>" in svg
+    assert "<title>backchannel: Mm-hmm.</title>" in svg and 'class="echo"' in svg
+    assert ">1.20 s</text>" in svg  # speech end to first audio
+
+    for n, ms in enumerate([900, 1_100, 1_300, 4_000]):
+        SessionResponse.objects.create(session=row, response_id=f"resp_{n + 2}", status="completed",
+                                       at_ms=60_000 * n, first_audio_sent_ms=ms)
+    overview = admin_browser().get("/admin/pool/serverprocess/overview/").content.decode()
+    assert "p50 1.30 s, p95 4.00 s over 4 answered turns" in overview
+    assert overview.count("<polyline points=\"") == 2

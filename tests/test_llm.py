@@ -1,6 +1,7 @@
 """The real local LLM backends on the default SmolLM2-135M GGUF: llama.cpp (the default) and
 transformers (for checkpoint folders and GPUs)."""
 
+import json
 import stat
 from pathlib import Path
 
@@ -122,3 +123,103 @@ def test_transformers_streams_stops_and_honours_max_output_tokens(transformers_l
     stopped, _ = _run(transformers_llm, _request(), stop_after=3)
     assert len(stopped) <= 4  # the streamer may hold back one partial word
     assert _run(transformers_llm, _request(max_tokens=5))[1]["output_tokens"] == 5
+
+
+# --- function tools: the model's own way (native) and the prompt protocol ----------------------
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather of a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+# A tools block in the form Qwen2.5's and Hermes' templates use, for the packaged model (whose
+# own template has none): llama.cpp renders the tools into the prompt and parses the model's
+# <tool_call> as a call.
+HERMES_TEMPLATE = """{%- if tools %}<|im_start|>system
+{{ messages[0]['content'] }}
+
+# Tools
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>{% for tool in tools %}
+{{ tool | tojson }}{% endfor %}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% else %}<|im_start|>system
+{{ messages[0]['content'] }}<|im_end|>
+{% endif %}{%- for message in messages[1:] %}{%- if message.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.tool_calls %}<|im_start|>assistant
+{% for call in message.tool_calls %}<tool_call>{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def _asked_before(*cities):
+    """Earlier turns in which the assistant called get_weather for each of ``cities``: SmolLM2-135M
+    makes a call in the template's form after three of them (greedy decoding), not from the
+    tools block alone."""
+    turns = []
+    for n, city in enumerate(cities):
+        turns += [{"role": "user", "content": f"What is the weather in {city}?"},
+                  {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{n}", "type": "function",
+                   "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+                  {"role": "tool", "tool_call_id": f"call_{n}", "content": '{"forecast": "sunny"}'},
+                  {"role": "assistant", "content": f"It is sunny in {city}."}]
+    return turns
+
+
+ASSISTANT = {"role": "system", "content": "You are a helpful assistant."}
+ASK_PARIS = [ASSISTANT, *_asked_before("Rome", "Berlin", "Madrid"),
+             {"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _run_tools(llm, messages, tools=(WEATHER,)):
+    """(text, [(name, arguments dict, call id)], usage)"""
+    chunks, calls = [], []
+    usage = llm.generate(LLMRequest(messages, 60, list(tools)), chunks.append, lambda: False,
+                         lambda name, arguments, call_id=None: calls.append((name, json.loads(arguments), call_id)))
+    return "".join(chunks), calls, usage
+
+
+def test_which_templates_take_tools(gguf):
+    from pool.backends.llm import gguf_chat_template, template_takes_tools
+
+    assert not template_takes_tools(gguf_chat_template(gguf))  # SmolLM2's: no tools block
+    assert template_takes_tools(HERMES_TEMPLATE)
+    assert not LlamaCppLLM(gguf, threads=2, slots=2).native_tools
+
+
+@pytest.fixture(scope="module")
+def hermes_template(tmp_path_factory):
+    path = tmp_path_factory.mktemp("template") / "hermes.jinja"
+    path.write_text(HERMES_TEMPLATE)
+    return path
+
+
+def test_native_tool_calls_go_through_llama_cpps_template_and_parser(gguf, hermes_template):
+    llm = load_llm({**DEFAULTS, "LLM_MODEL": str(gguf), "LLM_CHAT_TEMPLATE": str(hermes_template),
+                    "THREADS": {"llm": 2}, "POOL_SIZE": 2}, gguf)
+    assert llm.native_tools
+    text, calls, usage = _run_tools(llm, ASK_PARIS)
+    assert [(name, arguments) for name, arguments, _ in calls] == [("get_weather", {"city": "Paris"})]
+    assert text == "" and calls[0][2]  # parsed by llama.cpp, which gives the call its id
+    # The tools are in the prompt the template rendered: it is longer by their JSON.
+    _, _, without = _run_tools(llm, ASK_PARIS, tools=())
+    assert usage["input_tokens"] > without["input_tokens"] + 30
+
+
+def test_the_prompt_protocol_stays_when_asked_for(gguf, hermes_template):
+    """The same model and template with LLM_TOOL_CALLS "prompt": the tools are offered in the
+    system prompt, the conversation's calls are flattened to text, and the call the model
+    writes is read by the server."""
+    llm = LlamaCppLLM(gguf, threads=2, slots=2, tool_calls="prompt", chat_template=hermes_template)
+    assert not llm.native_tools
+    text, calls, _ = _run_tools(llm, ASK_PARIS)
+    assert [(name, arguments) for name, arguments, _ in calls] == [("get_weather", {"city": "Paris"})]
+    assert text == ""

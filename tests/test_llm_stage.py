@@ -3,12 +3,11 @@ stopping and resuming a backend that resumes (llama.cpp) and by blocking one tha
 what it hands the TTS around a function call."""
 
 import queue
-from types import SimpleNamespace
 
 import pytest
 
-from pool.backends.base import LLMRequest
-from pool.backends.scripted import SCRIPT, ScriptedLLM
+from pool.backends.base import Backends, LLMRequest
+from pool.backends.scripted import SCRIPT, ScriptedLLM, ScriptedTTS
 from pool.pipeline import messages as m
 from pool.pipeline.stages.llm import LLMStage
 from pool.testing import run_stage
@@ -43,7 +42,7 @@ def _run(llm, job, on_phrase=None):
             phrases.append(message)
             job.phrase_spoken()
 
-    _emitted, sent = run_stage(LLMStage(SimpleNamespace(llm=llm), inbox), [job], inbox, tts)
+    _emitted, sent = run_stage(LLMStage(Backends(None, None, llm, ScriptedTTS()), inbox), [job], inbox, tts)
     return sent
 
 

@@ -140,7 +140,7 @@ async def test_the_server_lists_calls_and_answers_with_an_mcp_tool(connect, mcp_
     assert (call["type"], call["server_label"], call["name"]) == ("mcp_call", "weather", "forecast")
     assert json.loads(call["arguments"]) == {"city": "Paris"}
     assert call["output"] == "Sunny and 21 degrees in Paris" and call["error"] is None
-    assert answer["content"][0]["transcript"] == "The function returned Sunny and 21 degrees in Paris."
+    assert answer["content"][0]["transcript"] == "The function returned Sunny and twenty-one degrees in Paris."
     assert mcp_server.calls == [("forecast", {"city": "Paris"})]
     assert all(h.get("authorization") == "Bearer tok" and h.get("x-tenant") == "t1" for h in mcp_server.headers)
     order = [e["type"] for e in client.received if e["type"].startswith("response.mcp_call")]
@@ -204,7 +204,7 @@ async def test_a_call_that_needs_approval_runs_once_the_client_approves(connect,
     call, answer = answered["response"]["output"]
     assert call["type"] == "mcp_call" and call["approval_request_id"] == request["id"]
     assert call["output"] == "Sunny and 21 degrees in Paris"
-    assert answer["content"][0]["transcript"] == "The function returned Sunny and 21 degrees in Paris."
+    assert answer["content"][0]["transcript"] == "The function returned Sunny and twenty-one degrees in Paris."
     assert mcp_server.calls == [("forecast", {"city": "Paris"})]
 
     await client.send({"type": "conversation.item.create", "item": {
@@ -326,5 +326,5 @@ async def test_the_stock_sdk_sees_the_mcp_events_as_its_own_types(scripted_serve
     assert isinstance(seen["response.mcp_call.completed"], ResponseMcpCallCompleted)
     call, answer = seen["response.done"].response.output
     assert isinstance(call, RealtimeMcpToolCall) and call.output == "Sunny and 21 degrees in Paris"
-    assert answer.content[0].transcript == "The function returned Sunny and 21 degrees in Paris."
+    assert answer.content[0].transcript == "The function returned Sunny and twenty-one degrees in Paris."
     assert mcp_server.calls == [("forecast", {"city": "Paris"})]

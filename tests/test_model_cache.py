@@ -2,6 +2,7 @@
 its sha256 with ``prepare_models --verify``) and rebuilt, and ``runpool`` refuses a damaged cache
 in one line that names the file and the command that mends it."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -11,7 +12,16 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from pool.backends.cache import KOKORO_ONNX_SHA256, SMART_TURN_SHA256, default_paths, prepare, sha256_file
+from pool.backends import cache as model_cache
+from pool.backends.cache import (
+    KOKORO_ONNX_SHA256,
+    SMART_TURN_SHA256,
+    cpu_signature,
+    default_paths,
+    prepare,
+    sha256_file,
+    tts_variant,
+)
 from pool.testing import free_port
 
 from .helpers import PROJECT_DIR
@@ -89,3 +99,36 @@ def test_runpool_refuses_a_damaged_cache_in_one_line(cache, tmp_path, damage, fi
     assert "Traceback" not in said, said[-3000:]
     last = said.strip().splitlines()[-1]
     assert last.startswith("CommandError: ") and str(path) in last and mend in last, last
+
+
+def test_prepare_times_both_kokoro_variants_on_this_cpu_and_records_the_faster(prepared):
+    choice = json.loads((prepared / "manifest.json").read_text())["tts_variant"]
+    assert choice["cpu"] == cpu_signature() and set(choice["compute_s"]) == {"int8", "fp32"}
+    assert choice["chosen"] == min(choice["compute_s"], key=choice["compute_s"].get)
+    assert choice["audio_s"] > 3  # the timing phrases were spoken
+    assert tts_variant(prepared) == choice  # a recorded choice is reused, not timed again
+
+
+def test_a_cache_moved_to_another_cpu_is_timed_again_there(cache, monkeypatch):
+    monkeypatch.setattr(model_cache, "cpu_signature", lambda: "Another CPU avx2")
+    choice = tts_variant(cache)
+    assert choice["cpu"] == "Another CPU avx2"
+    assert json.loads((cache / "manifest.json").read_text())["tts_variant"] == choice
+    assert "nothing to do" in prepare_models(cache)  # the choice is not part of what makes the cache intact
+
+
+def test_kokoro_fp32_says_what_int8_says(prepared):
+    import soxr
+
+    from pool.backends.stt import WhisperSTT
+    from pool.backends.tts import KokoroTTS
+
+    paths = default_paths(prepared)
+    stt = WhisperSTT(paths["stt"], threads=2)
+    text = "The museum opens at nine on Tuesday morning."
+    spoken = {variant: KokoroTTS(paths[key], paths["tts_voices"], threads=2).synthesize(text, "am_michael")
+              for variant, key in (("int8", "tts_model"), ("fp32", "tts_model_fp32"))}
+    assert abs(len(spoken["fp32"]) - len(spoken["int8"])) < 0.05 * len(spoken["int8"])
+    for samples in spoken.values():
+        heard = stt.transcribe(soxr.resample(samples, 24_000, 16_000)).lower()
+        assert all(word in heard for word in ("museum", "opens", "tuesday", "morning")), heard

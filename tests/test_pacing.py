@@ -3,12 +3,11 @@ audio, and the TTS stage speaks it in those pieces."""
 
 import queue
 import time
-from types import SimpleNamespace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pool.backends.base import LLMRequest
+from pool.backends.base import Backends, LLMRequest
 from pool.backends.scripted import ScriptedTTS
 from pool.pipeline import messages as m
 from pool.pipeline.pacing import MIN_PIECE_WORDS, SpeechPace
@@ -59,7 +58,7 @@ def _speak(phrases, seconds_per_char, real_time_factor=1.0):
     SCRIPT.reset()
     SCRIPT.seconds_per_char = seconds_per_char
     tts = ScriptedTTS()
-    stage = TTSStage(SimpleNamespace(tts=tts))
+    stage = TTSStage(Backends(None, None, None, tts))
     stage._pace = SpeechPace(real_time_factor=real_time_factor, seconds_per_word=0.35)
     events = queue.Queue()
     ctx = m.SessionContext(events.put)

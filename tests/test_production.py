@@ -155,6 +155,26 @@ def test_settings_checks_name_unknown_keys_wrong_types_and_the_old_loopback_rule
     assert "proxy.local" in next(p for p in problems if p.id == "pool.E006").msg
 
 
+@pytest.mark.parametrize("variant, refused", [("auto", False), ("fp32", False), ("int8", False), ("fp16", True)])
+def test_the_tts_variant_is_auto_int8_or_fp32(settings, variant, refused):
+    from pool.checks import check_settings
+
+    settings.S2S = {"TTS_VARIANT": variant}
+    problems = check_settings(None)
+    assert [p.msg for p in problems] == (["S2S['TTS_VARIANT'] must be 'auto', 'int8' or 'fp32'; got 'fp16'."]
+                                         if refused else [])
+
+
+@pytest.mark.parametrize("mode, refused", [("auto", False), ("native", False), ("prompt", False), ("json", True)])
+def test_llm_tool_calls_is_auto_native_or_prompt(settings, mode, refused):
+    from pool.checks import check_settings
+
+    settings.S2S = {"LLM_TOOL_CALLS": mode}
+    problems = check_settings(None)
+    assert [p.msg for p in problems] == (["S2S['LLM_TOOL_CALLS'] must be 'auto', 'native' or 'prompt'; got 'json'."]
+                                         if refused else [])
+
+
 def test_a_backend_is_a_short_name_or_the_dotted_path_of_a_loader(settings):
     from pool.backends import InvalidBackendError, backend_loader, load_default
     from pool.backends.scripted import load_scripted

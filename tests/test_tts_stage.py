@@ -2,11 +2,10 @@
 phrase, a cancel while a phrase is being synthesized, and a function call between phrases."""
 
 import threading
-from types import SimpleNamespace
 
 import pytest
 
-from pool.backends.base import LLMRequest
+from pool.backends.base import Backends, LLMRequest
 from pool.backends.scripted import SCRIPT, ScriptedTTS
 from pool.pipeline import messages as m
 from pool.pipeline.stages.tts import TTSStage
@@ -17,7 +16,7 @@ from realtime.audio import OutputAudioEncoder
 @pytest.fixture
 def stage():
     SCRIPT.reset()
-    tts = TTSStage(SimpleNamespace(tts=ScriptedTTS()))
+    tts = TTSStage(Backends(None, None, None, ScriptedTTS()))
     yield tts
     tts.stop()
     SCRIPT.reset()

@@ -1,10 +1,13 @@
 """What counts as an interruption of the assistant, and the words of a transcript (pure rules
 of ``realtime.session.turns``; the behaviour over the protocol is in test_turn_taking.py)."""
 
+from unittest.mock import ANY
+
 import pytest
 
 from pool.conf import DEFAULTS
 from realtime.session.turns import interrupts, words
+from realtime.session_config import Backchannels
 
 
 @pytest.mark.parametrize("heard, expected", [
@@ -18,6 +21,23 @@ from realtime.session.turns import interrupts, words
 ])
 def test_what_interrupts_the_assistant(heard, expected):
     assert interrupts(heard, frozenset(DEFAULTS["BACKCHANNEL_WORDS"])) is expected
+
+
+CUES = frozenset(DEFAULTS["INTERRUPTION_WORDS"])
+
+
+@pytest.mark.parametrize("heard, likeness, expected", [
+    ("Dye her.", -0.9, False),  # Whisper's words for "uh-huh" in a voice it never heard: sounds like one
+    ("Dye her.", -6.2, True),  # the same words, in audio unlike any backchannel: said
+    ("I said Tuesday.", -2.4, True), ("I'm Emm Hong.", -0.1, False),
+    ("Wait", -0.7, True), ("Sorry", 0.0, True),  # a cue interrupts, however it sounds
+    ("Sh", -5.0, False), ("D", -5.0, False), ("D. Dye her.", -5.0, True),  # fragments are not words
+    ("Mm-hmm.", -9.0, False),  # backchannel words are never an interruption
+    ("Tell me more", None, True),  # not scored: the words decide
+])
+def test_a_peek_interrupts_on_a_cue_or_on_words_that_sound_like_no_backchannel(heard, likeness, expected):
+    backchannels = frozenset(DEFAULTS["BACKCHANNEL_WORDS"])
+    assert interrupts(heard, backchannels, likeness, DEFAULTS["BACKCHANNEL_LIKENESS"], CUES) is expected
 
 
 def test_words_join_hyphens_and_drop_punctuation():
@@ -39,8 +59,8 @@ def test_backchannels_in_the_languages_of_the_multilingual_preset(language, hear
     from realtime.session.conversation import Conversation
     from realtime.session.turns import TurnTaking
 
-    turns = TurnTaking("sess_1", Conversation(), 500, DEFAULTS["BACKCHANNEL_WORDS"], None,
-                       DEFAULTS["BACKCHANNEL_WORDS_BY_LANGUAGE"])
+    turns = TurnTaking("sess_1", Conversation(), 500, Backchannels(
+        tuple(DEFAULTS["BACKCHANNEL_WORDS"]), None, DEFAULTS["BACKCHANNEL_WORDS_BY_LANGUAGE"]))
     turns.language = language
     assert interrupts(heard, turns._backchannels) is expected
     turns.language = "en"  # Spanish backchannels do not count for an English speaker
@@ -66,7 +86,7 @@ def _turns_over_a_speaking_reply():
     from realtime.session.conversation import Conversation
     from realtime.session.turns import TurnTaking
 
-    turns = TurnTaking("sess_1", Conversation(), 500, DEFAULTS["BACKCHANNEL_WORDS"])
+    turns = TurnTaking("sess_1", Conversation(), 500, Backchannels(tuple(DEFAULTS["BACKCHANNEL_WORDS"])))
     turns.turn_detection = {"type": "server_vad", "create_response": True, "interrupt_response": True}
     reply = SimpleNamespace(automatic=True, turns=[], output=SimpleNamespace(items=[{}], audio_ms=800.0))
     turns.response_created(reply)
@@ -85,7 +105,8 @@ def test_turn_taking_answers_speech_over_the_assistant_with_decisions():
     stopped = m.SpeechStopped("item_1", 2000)
     assert turns.intercept(stopped) == []
     verdict = turns.intercept(m.SpeechPeeked("item_1", "Wait, stop.", 500))
-    assert verdict == [t.Announce(started), t.Cancel("turn_detected"), t.Release((stopped,))]
+    assert verdict == [t.Judged("interruption", started, ((500, "Wait, stop."),), ANY), t.Announce(started),
+                       t.Cancel("turn_detected"), t.Release((stopped,))]
     assert turns.settle() == [t.Release((held,))]  # no speech undecided: the held reply goes on
 
 
@@ -94,12 +115,15 @@ def test_a_backchannel_over_the_assistant_is_dropped_and_the_reply_goes_on():
     from realtime.session import turns as t
 
     turns, _reply = _turns_over_a_speaking_reply()
-    turns.speech_started(m.SpeechStarted("item_1", 1200))
+    started = m.SpeechStarted("item_1", 1200)
+    turns.speech_started(started)
     held = m.ResponseAudio("resp_1", "Hello", ["AAAA"], 200.0, 0.1)
     turns.intercept(held)
     assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 500)) == [t.Peek("item_1", 1000, None)]
-    assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 0)) == []  # it ended: no more peeks
-    assert turns.intercept(m.Transcribed("item_1", "Mm-hmm.", 0.6, 0.05)) == [t.Release((held,))]
+    assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 700, final=True)) == []  # all of it: no more peeks
+    heard = ((500, "Mm-hmm."), (700, "Mm-hmm."), (None, "Mm-hmm."))
+    assert turns.intercept(m.Transcribed("item_1", "Mm-hmm.", 0.6, 0.05)) == [
+        t.Judged("backchannel", started, heard, ANY), t.Release((held,))]
     assert turns.speaking is None and not turns.unanswered  # no turn, nothing to answer
 
 
@@ -109,7 +133,7 @@ def test_the_idle_timeout_starts_over_once_it_has_fired():
     from realtime.session.conversation import Conversation
     from realtime.session.turns import TurnTaking
 
-    turns = TurnTaking("sess_1", Conversation(), 500, DEFAULTS["BACKCHANNEL_WORDS"])
+    turns = TurnTaking("sess_1", Conversation(), 500, Backchannels(tuple(DEFAULTS["BACKCHANNEL_WORDS"])))
     turns.configure({"type": "server_vad", "idle_timeout_ms": 5000, "create_response": True}, True)
     turns._idle_from -= 6  # set 6 s ago: it runs out now
     assert turns.idle_wait() <= 0

@@ -186,12 +186,38 @@ async def test_a_backchannel_neither_interrupts_nor_starts_a_turn_and_a_real_int
     await client.ws.disconnect()
 
 
-async def test_speech_over_the_reply_that_peeks_cannot_make_out_is_judged_by_its_whole_transcript(connect):
-    """Default settings. Peeks at the first half second of speech can hear only a cut-off word
-    (Whisper hears "S..." for "Ask not"); when the speech ends, its whole transcript decides:
-    words other than backchannels make it a turn, which interrupts and is answered."""
+@pytest.mark.parametrize("likeness, interrupted", [(-0.4, False), (-6.0, True)])
+async def test_words_whisper_misheard_in_a_backchannel_sound_like_one_and_leave_the_reply_alone(
+        connect, likeness, interrupted):
+    """Whisper writes a listener's "uh-huh" in a voice it never heard as other words ("Dye
+    her"); the peek also scores the audio against the backchannel phrases (its likeness): near
+    0, it is one of them and the reply goes on; far below BACKCHANNEL_LIKENESS, the words are
+    what was said, and they interrupt."""
+    SCRIPT.transcript = "Dye her."
+    SCRIPT.peek_transcript = "Dye her."
+    SCRIPT.peek_likeness = likeness
+    SCRIPT.token_delay = 0.4  # the reply is active throughout
+    SCRIPT.reply = "The moon is bright tonight. It has no air. Astronauts walked on it long ago."
+    client = await session(connect)
+    await ask_by_text(client)
+    await client.until("response.output_audio.delta", timeout=30)
+    heard = len(client.received)
+    await stream(client, jfk_segment(*SHORT), realtime=False)
+    await stream(client, silence(1.0), realtime=False)
+    done = await client.until("response.done", timeout=30)
+    types = [e["type"] for e in client.received[heard:]]
+    assert ("input_audio_buffer.speech_started" in types) is interrupted
+    assert (done["response"]["status"], (done["response"]["status_details"] or {}).get("reason")) == (
+        ("cancelled", "turn_detected") if interrupted else ("completed", None))
+    await client.ws.disconnect()
+
+
+async def test_speech_over_the_reply_that_peeks_cannot_make_out_is_judged_when_it_ends(connect):
+    """Default settings. Peeks at the first seconds of speech can hear only a cut-off word
+    (Whisper hears "S..." for "Ask not"); when the speech ends, a last peek hears all of it and
+    decides: words other than backchannels make it a turn, which interrupts and is answered."""
     SCRIPT.transcript = "Ask not what your country can do for you."
-    SCRIPT.peek_transcript = "S..."
+    SCRIPT.peek_transcript = lambda audio: "S..." if len(audio) < 2.5 * 16_000 else SCRIPT.transcript
     SCRIPT.token_delay = 0.4  # the reply is active throughout
     SCRIPT.reply = "The moon is bright tonight. It has no air. Astronauts walked on it long ago."
     client = await session(connect)

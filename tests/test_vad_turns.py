@@ -2,11 +2,11 @@
 
 import base64
 import queue
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from pool.backends.base import Backends
 from pool.backends.scripted import load_scripted
 from pool.backends.vad import SileroVAD
 from pool.conf import DEFAULTS
@@ -42,9 +42,16 @@ def run_vad(backends, silence_ms, threshold=0.5, path=JFK, check_ms=None, silenc
 
 
 def test_long_silence_setting_keeps_the_sentence_in_one_turn(backends):
-    events, transcribe = run_vad(backends, silence_ms=1500)
+    speculations = []
+    events, transcribe = run_vad(backends, silence_ms=1500, speculations=speculations)
+    # Each pause the speech went on after is told (SpeechResumed: what the STT speculated on
+    # there is of no use); the last pause is the end of the turn.
+    resumed = [e for e in events if isinstance(e, m.SpeechResumed)]
+    assert len(resumed) == len(speculations) - 1 >= 1
+    events = [e for e in events if not isinstance(e, m.SpeechResumed)]
     kinds = [type(e).__name__ for e in events]
     assert kinds == ["SpeechStarted", "SpeechStopped", "InputCommitted"]
+    assert {e.item_id for e in resumed} == {events[0].item_id}
     started, stopped, committed = events
     assert started.item_id == stopped.item_id == committed.item_id == transcribe[0].item_id
     # JFK speaks from about 0.3 s to about 10.8 s of the 11 s recording
@@ -119,7 +126,8 @@ def test_semantic_vad_without_an_end_of_turn_model_ends_turns_on_the_fallback_si
 
     silence_only = dataclasses.replace(backends, turn=None)
     events, _ = run_vad(silence_only, silence_ms=2000, check_ms=sc.END_OF_TURN_CHECK_MS, silence_s=3.0)
-    assert [type(e).__name__ for e in events] == ["SpeechStarted", "SpeechStopped", "InputCommitted"]
+    turn = [type(e).__name__ for e in events if not isinstance(e, m.SpeechResumed)]  # pauses talked through
+    assert turn == ["SpeechStarted", "SpeechStopped", "InputCommitted"]
 
 
 def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backends):
@@ -183,12 +191,13 @@ class CountingSTT:
 
 def test_the_stt_stage_answers_a_commit_from_its_speculation_only_when_it_matches():
     stt = CountingSTT()
-    stage = STTStage(SimpleNamespace(stt=stt))
+    stage = STTStage(Backends(None, stt, None, None))
     events = []
     ctx = m.SessionContext(events.append)
     audio = np.zeros(16_000, np.float32)
     stage.handle(ctx, m.Speculate("item_1", audio[:8000], "en"))
-    assert events == [] and stt.calls == [8000]  # nothing reaches the protocol yet
+    # Nothing reaches the protocol yet: the session alone is told, and may start a reply on it.
+    assert events == [m.Speculated("item_1", "heard 8000 samples", "en")] and stt.calls == [8000]
     stage.handle(ctx, m.Transcribe("item_1", audio, "en", speculated_samples=8000))
     assert stt.calls == [8000] and events[-1].transcript == "heard 8000 samples"
     # The user went on after the pause: the speculation does not match the commit.

@@ -76,11 +76,12 @@ def bundle(folder):
 
 
 def microphone(folder):
-    """The fake microphone's WAV (48 kHz PCM16): jfk.flac, 4 s of silence (the reply starts
-    playing about 1.5 s after the end of speech), jfk.flac again over the reply, then silence."""
+    """The fake microphone's WAV (48 kHz PCM16): jfk.flac, 8 s of silence (the reply starts
+    playing 1.5-5 s after the end of speech, by the CPU: Kokoro runs at 0.3-1.3x real time on the
+    machines measured), jfk.flac again over the reply, then silence."""
     speech = load_audio(JFK, 48_000)
     path = folder / "microphone.wav"
-    soundfile.write(path, np.concatenate([speech, np.zeros(4 * 48_000, np.float32), speech,
+    soundfile.write(path, np.concatenate([speech, np.zeros(8 * 48_000, np.float32), speech,
                                           np.zeros(30 * 48_000, np.float32)]), 48_000, subtype="PCM_16")
     return path
 

@@ -56,13 +56,36 @@ def load_denoiser():
         return None
 
 
+def load_echo_canceller():
+    """WebRTC's echo canceller (``pool.backends.echo``), or None when the ``livekit`` wheel is not
+    installed (the microphone is then taken as it comes; logged once here)."""
+    from pool.backends.echo import EchoCanceller
+
+    try:
+        return EchoCanceller()
+    except ImportError as exc:
+        log.warning("echo cancellation is off: %s", exc)
+        return None
+
+
 def load_default(config):
-    """Silero VAD, faster-whisper, the LLM of ``pool.backends.llm.load_llm``, Kokoro and Smart
+    """Silero VAD, faster-whisper, the LLM of ``pool.backends.llm.load_llm`` (the GGUF chosen
+    with ``prepare_models --llm`` when there is one, ``pool.backends.fetch``), Kokoro (the variant
+    of ``S2S["TTS_VARIANT"]``; "auto": the faster on this CPU, ``cache.tts_variant``) and Smart
     Turn. They need the prepared model cache (``manage.py prepare_models``), prepared here when
     missing. Raises ``pool.backends.cache.PreparationError`` when it cannot be, when a file of the cache
     is damaged (its size changed), or when a model file does not load: one line that names the
     file and the command that mends it."""
-    from pool.backends.cache import STT_NAMES, PreparationError, damage, default_paths, is_prepared, prepare
+    from pool.backends.cache import (
+        STT_NAMES,
+        PreparationError,
+        damage,
+        default_paths,
+        is_prepared,
+        prepare,
+        tts_variant,
+    )
+    from pool.backends.fetch import chosen_llm
     from pool.backends.llm import load_llm
     from pool.backends.stt import WhisperSTT
     from pool.backends.tts import KokoroTTS
@@ -78,6 +101,9 @@ def load_default(config):
         prepare(cache, preset=preset)
     paths = default_paths(cache, preset)
     threads = config["THREADS"]
+    variant = config["TTS_VARIANT"]
+    if variant == "auto" and not config["TTS_MODEL"]:
+        variant = tts_variant(cache, threads["tts"])["chosen"]
     started = time.perf_counter()
 
     def load(setting, default, make):
@@ -94,11 +120,12 @@ def load_default(config):
         vad=load("VAD_MODEL", paths["vad"], lambda path: SileroVAD(path, threads["vad"])),
         stt=load("STT_MODEL", paths["stt"], lambda path: WhisperSTT(
             path, threads["stt"], None if config["STT_MODEL"] else STT_NAMES[preset])),
-        llm=load("LLM_MODEL", paths["llm"], lambda path: load_llm(config, path)),
-        tts=load("TTS_MODEL", paths["tts_model"], lambda path: KokoroTTS(
+        llm=load("LLM_MODEL", chosen_llm(cache) or paths["llm"], lambda path: load_llm(config, path)),
+        tts=load("TTS_MODEL", paths["tts_model_fp32" if variant == "fp32" else "tts_model"], lambda path: KokoroTTS(
             path, config["TTS_VOICES"] or paths["tts_voices"], threads["tts"])),
         turn=load("TURN_MODEL", paths["turn"], SmartTurn),
         denoise=load_denoiser(),
+        echo=load_echo_canceller(),
     )
     log.info("Models loaded in %.1f s", time.perf_counter() - started)
     return backends

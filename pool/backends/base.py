@@ -88,6 +88,9 @@ class Backends:
     # None: noise_reduction is stored, not acted on. Else has new_stream() -> an object with
     # process(float32 @ 16 kHz) -> float32 @ 16 kHz and reset() (pool.backends.denoise).
     denoise: object = None
+    # None: no echo cancellation. Else has new_stream() -> an object with process(captured,
+    # reference), both float32 @ 16 kHz, -> float32 @ 16 kHz, and reset() (pool.backends.echo).
+    echo: object = None
 
 
 @dataclass

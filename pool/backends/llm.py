@@ -11,6 +11,7 @@ with ``tool_calls``, and ``{"role": "tool", "tool_call_id", "content"}`` functio
 import atexit
 import json
 import logging
+import re
 import shutil
 import tempfile
 import threading
@@ -23,11 +24,27 @@ def load_llm(config, default_path):
     """The LLM backend the settings ask for: an endpoint by ``LLM_BASE_URL``, else a local model,
     a ``.gguf`` file by llama.cpp and a checkpoint folder by transformers."""
     if config["LLM_BASE_URL"]:
-        return OpenAICompatibleLLM(config["LLM_BASE_URL"], config["LLM_API_KEY"], config["LLM_API_MODEL"])
+        return OpenAICompatibleLLM(config["LLM_BASE_URL"], config["LLM_API_KEY"], config["LLM_API_MODEL"],
+                                   timeout=config["LLM_TIMEOUT_SECONDS"])
     path = Path(config["LLM_MODEL"] or default_path)
     if path.suffix == ".gguf":
-        return LlamaCppLLM(path, config["THREADS"]["llm"], slots=min(config["POOL_SIZE"], LlamaCppLLM.MAX_SLOTS))
+        return LlamaCppLLM(path, config["THREADS"]["llm"], slots=min(config["POOL_SIZE"], LlamaCppLLM.MAX_SLOTS),
+                           tool_calls=config["LLM_TOOL_CALLS"], chat_template=config["LLM_CHAT_TEMPLATE"])
     return TransformersLLM(path, config["THREADS"]["llm"])
+
+
+def gguf_chat_template(path):
+    """The Jinja chat template a GGUF file carries (its ``tokenizer.chat_template``), or ""."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
+    return bytes(field.parts[field.data[0]]).decode("utf-8", "replace") if field is not None else ""
+
+
+def template_takes_tools(template):
+    """Whether a Jinja chat template renders the request's ``tools`` (Qwen2.5, Llama 3.x,
+    SmolLM3, Hermes and other templates with a tools block); SmolLM2's has none."""
+    return re.search(r"\btools\b", template) is not None
 
 
 def _chat_messages(request, tools):
@@ -40,6 +57,8 @@ def _chat_messages(request, tools):
 
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+CALL_OPENINGS = (TOOL_CALL_OPEN, "{", "```")  # how a reply that is a tool call begins
+_FENCE = re.compile(r"^```[a-z]*\s*")
 
 
 def tools_prompt(tools):
@@ -71,11 +90,14 @@ def flatten_tool_messages(messages):
 
 
 class _ToolCallCatcher:
-    """Passes streamed text on, unless the reply opens with ``<tool_call>``: then it is held and
-    parsed as a call at the end. Text that only looks like a call is passed on as text."""
+    """Passes streamed text on, unless the reply opens as a tool call: ``<tool_call>`` (the
+    prompt protocol, Hermes-style templates), a bare JSON object (Qwen2.5's ``<tool_call>`` is
+    a special token, which llama.cpp leaves out of the text it streams) or one in a markdown
+    code fence (Qwen2.5-Coder's habit). Such a reply is held and parsed at the end; a call names
+    one of ``names`` (the tools offered). Text that only looks like a call is passed on as text."""
 
-    def __init__(self, on_text, on_function_call):
-        self.on_text, self.on_function_call = on_text, on_function_call
+    def __init__(self, on_text, on_function_call, names):
+        self.on_text, self.on_function_call, self.names = on_text, on_function_call, set(names)
         self.held = ""
         self.deciding = True
 
@@ -85,7 +107,8 @@ class _ToolCallCatcher:
             return
         self.held += text
         head = self.held.lstrip()[: len(TOOL_CALL_OPEN)]
-        if not TOOL_CALL_OPEN.startswith(head):  # the reply is not a call: speak it
+        if head and not any(opening.startswith(head) or head.startswith(opening) for opening in CALL_OPENINGS):
+            # not a call: speak it
             self.deciding = False
             self.on_text(self.held)
             self.held = ""
@@ -93,14 +116,57 @@ class _ToolCallCatcher:
     def finish(self):
         if not self.held:
             return
-        body = self.held.strip()[len(TOOL_CALL_OPEN):].split(TOOL_CALL_CLOSE)[0]
-        try:
-            call = json.loads(body)
-            name, arguments = call["name"], call.get("arguments", {})
-        except (ValueError, KeyError, TypeError):
+        call = parse_tool_call(self.held, self.names)
+        if call is None:
             self.on_text(self.held)
             return
-        self.on_function_call(str(name), arguments if isinstance(arguments, str) else json.dumps(arguments))
+        self.on_function_call(*call)
+
+
+def parse_tool_call(text, names):
+    """``(name, arguments JSON)`` of the first call in ``text`` (``<tool_call>{"name": ...,
+    "arguments": {...}}</tool_call>``, the tags optional, or in a markdown code fence) to one of
+    ``names``, or None."""
+    body = _FENCE.sub("", text.strip())
+    if body.startswith(TOOL_CALL_OPEN):
+        body = body[len(TOOL_CALL_OPEN):].lstrip()
+    try:
+        call, _ = json.JSONDecoder().raw_decode(body)
+        name, arguments = call["name"], call.get("arguments", {})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if name not in names:
+        return None
+    return str(name), arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+class _StreamedCalls:
+    """Tool calls streamed in chat-completions deltas, assembled by their ``index``."""
+
+    def __init__(self):
+        self.calls = {}  # index -> {"id", "name", "arguments"}
+
+    def add(self, index, call_id, name, arguments):
+        entry = self.calls.setdefault(index, {"id": None, "name": "", "arguments": ""})
+        entry["id"] = call_id or entry["id"]
+        entry["name"] += name or ""
+        entry["arguments"] += arguments or ""
+
+    def finish(self, on_function_call):
+        for index in sorted(self.calls):
+            call = self.calls[index]
+            on_function_call(call["name"], call["arguments"] or "{}", call["id"])
+
+
+def chat_tools(tools, tool_choice):
+    """Realtime function ``tools`` and ``tool_choice`` as chat-completions ``tools`` and
+    ``tool_choice``."""
+    listed = [{"type": "function", "function": {
+        "name": t["name"], "description": t.get("description", ""),
+        "parameters": t.get("parameters") or {"type": "object", "properties": {}}}} for t in tools]
+    choice = ({"type": "function", "function": {"name": tool_choice["name"]}}
+              if isinstance(tool_choice, dict) else tool_choice)
+    return listed, choice
 
 
 class LlamaCppLLM:
@@ -108,10 +174,16 @@ class LlamaCppLLM:
 
     ``path``: a ``.gguf`` file; ``threads``: llama.cpp's CPU threads; ``slots``: requests decoded
     together (continuous batching), each with ``CONTEXT_TOKENS`` of context and its own prompt
-    cache; more wait their turn. Function tools are offered in the system prompt, as for
-    ``TransformersLLM``. Measured on SmolLM2-135M Q4_1 on 2 cores (BENCHMARKS.md, 1a): the first 4
-    words in 0.12 s instead of transformers fp32's 0.80 s, 71 tokens/s instead of 9, and no fp32
-    copy of the weights.
+    cache; more wait their turn. ``chat_template``: a Jinja file that replaces the GGUF's own
+    template (``LLM_CHAT_TEMPLATE``), or None. Measured on SmolLM2-135M Q4_1 on 2 cores
+    (BENCHMARKS.md, 1a): the first 4 words in 0.12 s instead of transformers fp32's 0.80 s, 71
+    tokens/s instead of 9, and no fp32 copy of the weights.
+
+    Function tools (``tool_calls``, ``LLM_TOOL_CALLS``): ``"native"`` gives them to llama.cpp,
+    whose Jinja chat template shows them to the model in the form it was trained on (and whose
+    parser streams the model's calls as ``tool_calls``); ``"prompt"`` offers them in the system
+    prompt (``tools_prompt``), for templates without tools such as SmolLM2's; ``"auto"``: native
+    when the template takes tools (``template_takes_tools``). ``native_tools`` says which.
 
     xllamacpp always starts llama.cpp's HTTP listener. It is bound to a Unix socket in a private
     temporary folder (mode 0700, removed at exit) instead of a loopback TCP port, so no other
@@ -127,21 +199,33 @@ class LlamaCppLLM:
     CONTEXT_TOKENS = 4096  # per slot: LLM_CONTEXT_CHARS of chat, the instructions and the reply
     REPEAT_PENALTY = 1.1  # as TransformersLLM's repetition_penalty
 
-    def __init__(self, path, threads=2, slots=2):
-        self._server, self._socket_dir = _llama_server(str(path), threads, slots, self.CONTEXT_TOKENS)
+    def __init__(self, path, threads=2, slots=2, tool_calls="auto", chat_template=None):
+        template = Path(chat_template).read_text() if chat_template else None
+        self.native_tools = tool_calls == "native" or (
+            tool_calls == "auto" and template_takes_tools(template if template is not None else gguf_chat_template(path)))
+        self._server, self._socket_dir = _llama_server(str(path), threads, slots, self.CONTEXT_TOKENS, template)
 
     def generate(self, request, on_text, should_stop, on_function_call=None):
         tools = request.offered_tools() if on_function_call else []
-        # A continued reply has begun as text: it is no longer a tool call.
-        sink = _ToolCallCatcher(on_text, on_function_call) if tools and not request.prefix else None
-        messages = _chat_messages(request, tools)
+        native = self.native_tools and bool(tools)
+        # A continued reply has begun as text: it is no longer a tool call. (Its request offers
+        # the same tools, so that its prompt, and llama.cpp's cache of it, stay the same.)
+        catching = bool(tools) and not request.prefix
+        sink = _ToolCallCatcher(on_text, on_function_call, [t["name"] for t in tools]) if catching else None
+        if native:
+            messages = [{**message, "content": message.get("content") or ""} for message in request.messages]
+        else:
+            messages = _chat_messages(request, tools)
         if request.prefix:  # llama.cpp continues a final assistant message ("prefill")
             messages.append({"role": "assistant", "content": request.prefix})
         body = {"messages": messages, "stream": True, "cache_prompt": True,
                 "max_tokens": request.max_output_tokens, "temperature": 0.0,
                 "repeat_penalty": self.REPEAT_PENALTY, "stream_options": {"include_usage": True}}
+        if native:
+            body["tools"], body["tool_choice"] = chat_tools(tools, request.tool_choice)
         usage = {"input_tokens": 0, "output_tokens": 0}
         errors = []
+        calls = _StreamedCalls()
 
         def on_chunk(chunk):
             if "error" in chunk:
@@ -151,10 +235,15 @@ class LlamaCppLLM:
                 usage["input_tokens"] = chunk["usage"]["prompt_tokens"]
                 usage["output_tokens"] = chunk["usage"]["completion_tokens"]
             for choice in chunk.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content")
+                delta = choice.get("delta") or {}
+                text = delta.get("content")
                 if text:
                     usage["streamed"] = usage.get("streamed", 0) + 1
                     (sink.text if sink else on_text)(text)
+                for call in (delta.get("tool_calls") or ()) if catching else ():
+                    usage["streamed"] = usage.get("streamed", 0) + 1
+                    function = call.get("function") or {}
+                    calls.add(call.get("index", 0), call.get("id"), function.get("name"), function.get("arguments"))
             return should_stop()  # True stops decoding before the next token
 
         self._server.handle_chat_completions(body, on_chunk)
@@ -163,20 +252,22 @@ class LlamaCppLLM:
             raise RuntimeError(f"llama.cpp: {error.get('message', error)}")
         if sink:
             sink.finish()
+        calls.finish(on_function_call)
         # A stopped stream sends no usage: each streamed chunk is one token.
         usage["output_tokens"] = max(usage["output_tokens"], usage.pop("streamed", 0))
         return usage
 
 
-_LLAMA_SERVERS = {}  # (path, threads, slots, context) -> (xllamacpp.Server, socket folder)
+_LLAMA_SERVERS = {}  # (path, threads, slots, context, template) -> (xllamacpp.Server, socket folder)
 _LLAMA_LOCK = threading.Lock()
 
 
-def _llama_server(path, threads, slots, context_tokens):
+def _llama_server(path, threads, slots, context_tokens, chat_template=None):
     """The process's llama.cpp server for these parameters, started on first use and kept for
     the life of the process: a model loads once per process, and xllamacpp 2026.10 can deadlock
-    in its destructor when a server is dropped soon after it started (seen in CI)."""
-    key = (path, threads, slots, context_tokens)
+    in its destructor when a server is dropped soon after it started (seen in CI).
+    ``chat_template``: Jinja source that replaces the GGUF's template, or None."""
+    key = (path, threads, slots, context_tokens, chat_template)
     with _LLAMA_LOCK:
         if key not in _LLAMA_SERVERS:
             import xllamacpp
@@ -191,13 +282,16 @@ def _llama_server(path, threads, slots, context_tokens):
             # default): about 40 MB more for every response of a long call (bench/soak). Each
             # unit's session stays on a slot whose own prompt cache serves the resumes.
             params.cache_ram_mib = 0
+            if chat_template is not None:
+                params.chat_template = chat_template
             socket_dir = tempfile.mkdtemp(prefix="s2s-llama-")
             params.hostnames = [str(Path(socket_dir) / "llama.sock")]
             atexit.register(shutil.rmtree, socket_dir, True)
             try:
                 server = xllamacpp.Server(params)
             except Exception as exc:  # xllamacpp says only "Failed to init server"
-                raise RuntimeError(f"llama.cpp could not load {path}: is it a GGUF model?") from exc
+                what = "is it a GGUF model?" if chat_template is None else "is it a GGUF model, and LLM_CHAT_TEMPLATE a chat template llama.cpp can parse (its log above says)?"
+                raise RuntimeError(f"llama.cpp could not load {path}: {what}") from exc
             _LLAMA_SERVERS[key] = (server, socket_dir)
         return _LLAMA_SERVERS[key]
 
@@ -229,7 +323,7 @@ class TransformersLLM:
         from transformers import StoppingCriteria, StoppingCriteriaList, TextStreamer
 
         tools = request.offered_tools() if on_function_call else []
-        sink = _ToolCallCatcher(on_text, on_function_call) if tools else None
+        sink = _ToolCallCatcher(on_text, on_function_call, [t["name"] for t in tools]) if tools else None
 
         class _Stream(TextStreamer):
             def on_finalized_text(self, text, stream_end=False):
@@ -267,27 +361,32 @@ class OpenAICompatibleLLM:
     passed as chat-completions function tools; streamed tool calls are assembled by index. A
     session's ``reasoning.effort`` goes as ``reasoning_effort``, its ``parallel_tool_calls`` as
     is (with tools only), when set.
+
+    A call the endpoint's model writes as text (a ``<tool_call>`` tag, bare JSON or a markdown
+    fence: llama.cpp's server streams Qwen2.5-Coder's fenced calls as content, BENCHMARKS.md 13a)
+    is caught as the local model's are (``_ToolCallCatcher``), not spoken.
+
+    ``timeout``: seconds the endpoint may take to accept the connection (at most 5) and to send
+    each next part of its stream; past it the response fails (``model_error``) and the session
+    goes on. A cancel is seen between parts, so a silent endpoint holds it up to ``timeout``.
     """
 
     resumes = False  # not every such server continues a final assistant message
     images = True  # input_image parts go as image_url parts (the endpoint's model may read them)
 
-    def __init__(self, base_url, api_key, model):
+    def __init__(self, base_url, api_key, model, timeout=30.0):
         import openai
 
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "unused", max_retries=1)
+        # The SDK's own default waits 600 s for a silent endpoint, with the unit's LLM thread held.
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key or "unused", max_retries=1,
+                                    timeout=openai.Timeout(timeout, connect=min(timeout, 5.0)))
         self.model = model
 
     def generate(self, request, on_text, should_stop, on_function_call=None):
         extra = {}
         tools = request.offered_tools() if on_function_call else []
         if tools:
-            extra["tools"] = [{"type": "function", "function": {
-                "name": t["name"], "description": t.get("description", ""),
-                "parameters": t.get("parameters") or {"type": "object", "properties": {}}}} for t in tools]
-            choice = request.tool_choice
-            extra["tool_choice"] = ({"type": "function", "function": {"name": choice["name"]}}
-                                    if isinstance(choice, dict) else choice)
+            extra["tools"], extra["tool_choice"] = chat_tools(tools, request.tool_choice)
             if request.parallel_tool_calls is not None:
                 extra["parallel_tool_calls"] = request.parallel_tool_calls
         if request.reasoning_effort is not None:
@@ -297,7 +396,8 @@ class OpenAICompatibleLLM:
             max_tokens=request.max_output_tokens, stream_options={"include_usage": True}, **extra,
         )
         usage = {"input_tokens": 0, "output_tokens": 0}
-        calls = {}  # index -> {"id", "name", "arguments"}
+        calls = _StreamedCalls()
+        sink = _ToolCallCatcher(on_text, on_function_call, [t["name"] for t in tools]) if tools else None
         with stream:
             for chunk in stream:
                 if chunk.usage:
@@ -306,16 +406,13 @@ class OpenAICompatibleLLM:
                 for choice in chunk.choices:
                     delta = choice.delta
                     if delta and delta.content:
-                        on_text(delta.content)
+                        (sink.text if sink else on_text)(delta.content)
                     for call in (delta.tool_calls or []) if delta else []:
-                        entry = calls.setdefault(call.index, {"id": None, "name": "", "arguments": ""})
-                        entry["id"] = call.id or entry["id"]
-                        if call.function:
-                            entry["name"] += call.function.name or ""
-                            entry["arguments"] += call.function.arguments or ""
+                        function = call.function
+                        calls.add(call.index, call.id, function and function.name, function and function.arguments)
                 if should_stop():
                     break
-        for index in sorted(calls):
-            call = calls[index]
-            on_function_call(call["name"], call["arguments"] or "{}", call["id"])
+        if sink:
+            sink.finish()
+        calls.finish(on_function_call)
         return usage

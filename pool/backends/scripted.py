@@ -1,4 +1,5 @@
-"""The scripted test backend: real Silero VAD and Smart Turn, scripted STT, LLM and TTS.
+"""The scripted test backend: real Silero VAD, Smart Turn, RNNoise and echo canceller, scripted
+STT, LLM and TTS.
 
 For fast tests where a real model is not the point. Nothing here pretends to be a model: the STT
 returns ``SCRIPT.transcript`` (or, when it is a callable, ``SCRIPT.transcript(audio)``), the LLM streams ``SCRIPT.reply`` word by word, and the TTS returns a
@@ -29,7 +30,10 @@ class Script:
         self.stt_languages = []  # the language the STT was asked for, each turn (None: detect)
         self.stt_prompts = []  # the prompt the STT was given, each turn
         self.tts_voices = []  # the voice of each phrase synthesized
-        self.peek_transcript = None  # what peeks at speech over the assistant hear (None: transcript)
+        self.tts_texts = []  # the text of each phrase synthesized
+        # What peeks at speech over the assistant hear (None: transcript; a callable: of the audio).
+        self.peek_transcript = None
+        self.peek_likeness = None  # how like a backchannel phrase they find it (WhisperSTT.hear)
         self.reply = "This is a scripted reply. It has two sentences."
         self.token_delay = 0.0  # seconds between LLM words
         self.seconds_per_char = 0.01  # TTS audio length per character of text
@@ -60,8 +64,12 @@ class ScriptedSTT:
         if prompt is not None and SCRIPT.peek_transcript is not None:
             if SCRIPT.stt_error is not None:
                 raise SCRIPT.stt_error
-            return SCRIPT.peek_transcript
+            return SCRIPT.peek_transcript(audio) if callable(SCRIPT.peek_transcript) else SCRIPT.peek_transcript
         return self._turn(audio)
+
+    def hear(self, audio, language=None, prompt=None, phrases=()):
+        """A peek, as ``WhisperSTT.hear``: what ``transcribe`` hears, and ``SCRIPT.peek_likeness``."""
+        return self.transcribe(audio, language, prompt), (SCRIPT.peek_likeness if phrases else None)
 
     def _turn(self, audio):
         if SCRIPT.stt_error is not None:
@@ -113,6 +121,7 @@ class ScriptedTTS:
 
     def synthesize(self, text, voice, speed=1.0):
         SCRIPT.tts_voices.append(voice)
+        SCRIPT.tts_texts.append(text)
         if SCRIPT.tts_error is not None:
             raise SCRIPT.tts_error
         seconds = len(text) * SCRIPT.seconds_per_char / speed
@@ -121,13 +130,15 @@ class ScriptedTTS:
 
 
 def load_scripted(config):
-    """The scripted test backend: real Silero VAD, Smart Turn and RNNoise, scripted STT, LLM and TTS."""
+    """The scripted test backend: real Silero VAD, Smart Turn, RNNoise and echo canceller, scripted
+    STT, LLM and TTS."""
     from pool.backends.cache import SMART_TURN_FILE, default_paths, package_dir
     from pool.backends.turn import SmartTurn
 
     paths = default_paths(config["MODEL_CACHE_DIR"])
     turn_path = config["TURN_MODEL"] or package_dir("pipecat") / "audio/turn/smart_turn/data" / SMART_TURN_FILE
-    from pool.backends import load_denoiser
+    from pool.backends import load_denoiser, load_echo_canceller
 
     return Backends(vad=SileroVAD(config["VAD_MODEL"] or paths["vad"]), stt=ScriptedSTT(),
-                    llm=ScriptedLLM(), tts=ScriptedTTS(), turn=SmartTurn(turn_path), denoise=load_denoiser())
+                    llm=ScriptedLLM(), tts=ScriptedTTS(), turn=SmartTurn(turn_path), denoise=load_denoiser(),
+                    echo=load_echo_canceller())

@@ -29,6 +29,10 @@ SHORT_WINDOW_MAX_SECONDS = 26.0
 TOKENS_PER_SECOND, MIN_TOKENS = 8, 16
 # faster-whisper's defaults for dropping a window that holds no speech (a cough, a click).
 NO_SPEECH_THRESHOLD, LOG_PROB_THRESHOLD = 0.6, -1.0
+# hear(): a backchannel phrase whose first token is this far (natural log) below the transcript's
+# first token is not what was said. On the corpus's tune part, backchannels scored 0 to -3.5
+# (laughter lowest), interruptions -4.7 to -8.6.
+FIRST_TOKEN_GAP = 4.0
 
 
 def encoder_frames(seconds):
@@ -75,29 +79,78 @@ class WhisperSTT:
                                               task="transcribe", language=key)
         return self._tokenizers[key]
 
-    def _transcribe_short(self, audio, language, prompt):
+    def hear(self, audio, language=None, prompt=None, phrases=()):
+        """A peek at speech over the assistant: ``(transcript, likeness)``. ``likeness``: how
+        much more likely Whisper finds the most likely of ``phrases`` (a listener's "Mm-hmm.",
+        "Yeah.", ...) as what was said than its own transcript: 0 when the audio is one of them
+        however Whisper spelled it ("And I'm home." for "Mm-hmm."), -2 and lower for other words;
+        None when nothing was heard or no ``phrases`` were given.
+
+        Two steps, so that it costs little more than the transcript. The first token: the
+        log-probability of each phrase's first token at the transcript's first step, against the
+        transcript's own first token; a phrase more than FIRST_TOKEN_GAP below it is out, and when
+        all are, that gap is the likeness ("Wait." scores about -7 against every backchannel).
+        Then the phrases left and the transcript are forced through the decoder on the same
+        encoding (CTranslate2's ``align``): the likeness is the best phrase's mean token
+        log-probability minus the transcript's ("I see." against "I said Tuesday" fails at
+        "see"). Measured on the interruption corpus (bench.interruptions, BENCHMARKS.md 14)."""
+        encoded, frames, language = self._encode(audio, language)
+        tokenizer = self._tokenizer(language)
+        text, tokens, first = self._decode(encoded, len(audio) / SPEECH_RATE, tokenizer, prompt, bool(phrases))
+        if not text or not phrases:
+            return text, None
+        forced = [tokenizer.encode(" " + phrase.strip()) for phrase in phrases]
+        gaps = [float(first[f[0]] - first[tokens[0]]) for f in forced]
+        kept = [f for f, gap in zip(forced, gaps, strict=True) if gap >= -FIRST_TOKEN_GAP]
+        if not kept:
+            return text, round(max(gaps), 3)
+        batch = ctranslate2.StorageView.from_array(np.repeat(np.asarray(encoded), len(kept) + 1, axis=0))
+        start = list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
+        aligned = self.model.model.align(batch, start, [*kept, tokens], [frames] * (len(kept) + 1))
+        scores = [float(np.mean(np.log(np.maximum(a.text_token_probs, 1e-9)))) if len(a.text_token_probs) else -20.0
+                  for a in aligned]
+        return text, round(max(scores[:-1]) - scores[-1], 3)
+
+    def _encode(self, audio, language):
+        """``(Whisper's encoding of audio, its log-mel frames, language)``: a window just longer
+        than the audio; ``language`` as given, else detected (multilingual), else "en"."""
         seconds = len(audio) / SPEECH_RATE
         frames = encoder_frames(seconds)
         features = self.model.feature_extractor(audio)[:, :frames]
-        features = np.pad(features, ((0, 0), (0, frames - features.shape[1])))
+        used = features.shape[1]
+        features = np.pad(features, ((0, 0), (0, frames - used)))
         encoded = self.model.model.encode(ctranslate2.StorageView.from_array(features[np.newaxis]))
         if not self.model.model.is_multilingual:
             language = "en"
         elif language is None:  # [[("<|es|>", p), ...]]: the most probable first
             language = self.model.model.detect_language(encoded)[0][0][0][2:-2]
-        tokenizer = self._tokenizer(language)
+        return encoded, max(1, min(used, frames)), language
+
+    def _decode(self, encoded, seconds, tokenizer, prompt, first_step=False):
+        """``(transcript, its tokens, log-probabilities of the vocabulary at its first step or
+        None)``, greedy (``first_step``: with those log-probabilities); ``("", [], ...)`` for
+        silence and no-speech."""
         result = self.model.model.generate(
             encoded, [self._prompt(tokenizer, prompt)], beam_size=1,
             max_length=int(MIN_TOKENS + TOKENS_PER_SECOND * seconds), return_scores=True,
-            return_no_speech_prob=True, suppress_blank=True,
+            return_no_speech_prob=True, suppress_blank=True, return_logits_vocab=first_step,
             suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
         )[0]
         tokens = result.sequences_ids[0]
+        first = None
+        if first_step and tokens:
+            logits = np.asarray(result.logits[0][0], dtype=np.float64)
+            first = logits - logits.max() - np.log(np.sum(np.exp(logits - logits.max())))
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)  # as faster-whisper
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
-            return "", language
+            return "", [], first
         text = tokenizer.decode(tokens).strip()
-        return (text if any(c.isalnum() for c in text) else ""), language  # "." is Whisper's silence
+        return (text, tokens, first) if any(c.isalnum() for c in text) else ("", [], first)  # "." is Whisper's silence
+
+    def _transcribe_short(self, audio, language, prompt):
+        encoded, _frames, language = self._encode(audio, language)
+        text, _tokens, _first = self._decode(encoded, len(audio) / SPEECH_RATE, self._tokenizer(language), prompt)
+        return text, language
 
     def _prompt(self, tokenizer, prompt):
         """faster-whisper's prompt layout: previous text after <|startofprev|>, then the start

@@ -10,21 +10,25 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pool.pipeline.compute import WHENEVER
 from pool.pipeline.timings import Marks
 
 
 class SessionContext:
     """One session's link to its unit. ``sink(event)`` is called from stage threads; the VAD
-    and TTS stages add the session's audio to ``recording`` when it is recorded.
+    and TTS stages add the session's audio to ``recording`` when it is recorded. ``playback``
+    (a ``pool.pipeline.playback.Playback``, or None) is what the client is playing: the VAD
+    stage cancels its echo from the microphone when it keeps the audio.
 
     ``close()`` makes every later ``emit`` a no-op and tells stages to skip this session's
     queued work: the structural guarantee that no output of a session reaches a later one.
     """
 
-    def __init__(self, sink, recording=None):
+    def __init__(self, sink, recording=None, playback=None):
         self._sink = sink
         self.closed = False
         self.recording = recording  # a pool.history.recordings.SessionRecording, or None
+        self.playback = playback
 
     def emit(self, event):
         sink = self._sink  # one read: close() may run on another thread
@@ -114,14 +118,16 @@ class CatchUpInput(UnitInput):
 
 @dataclass
 class PeekInput(UnitInput):
-    """Transcribe the speech of ``item_id`` so far once it holds ``after_ms`` of voiced speech
-    (the protocol asks, to tell a backchannel from an interruption), with ``prompt`` as the
-    STT's initial prompt. Always answered by exactly one SpeechPeeked: with the transcript, or
-    with "" when the item ended shorter than ``after_ms`` (or is unknown)."""
+    """Transcribe the speech of ``item_id`` so far once it holds ``after_ms`` of voiced speech,
+    or at its first pause, or when it ends, whichever comes first (the protocol asks, to tell a
+    backchannel from an interruption), with ``prompt`` as the STT's initial prompt, and score it
+    against ``phrases`` (a listener's backchannels). Always answered by exactly one SpeechPeeked:
+    with the transcript, or with "" when the item is unknown or long gone."""
 
     item_id: str
     after_ms: int
     prompt: str | None = None
+    phrases: tuple = ()
 
 
 @dataclass
@@ -149,6 +155,43 @@ class ResponseJob(UnitInput):
     # The turn's marks (pool.pipeline.timings): the session sets its own, the LLM and TTS stages theirs.
     marks: Marks = field(default_factory=Marks)
     audio_seconds: float = 0.0  # speech synthesized so far (TTS stage)
+    # A speculative reply (to a transcript made at a pause, before the turn is committed) makes
+    # its first phrase and waits: nothing of it reaches the client unless the session adopts it
+    # (``adopt``) when the turn commits with the same words; until then its work is due never.
+    speculative: bool = False
+    adopted: threading.Event = field(default_factory=threading.Event)
+    played_from: float | None = None  # perf_counter when the client began to play it
+
+    def __post_init__(self):
+        if not self.speculative:
+            self.adopted.set()
+
+    def adopt(self):
+        """The session took this speculative reply as the turn's: it goes on, due as any reply,
+        played by the client from now."""
+        self.adopted.set()
+        if self.marks.tts_first_audio is not None and self.played_from is None:
+            self.played_from = time.perf_counter()
+
+    def due(self):
+        """When this reply's next piece of work (LLM text or speech) is due, in
+        ``time.perf_counter()`` seconds (``pool.pipeline.compute``): before its first audio, when
+        the user stopped speaking (now, for a response without speech); after, when the audio sent
+        so far has played out (the client plays it in real time from the first delta). A
+        speculative reply not adopted: never (``WHENEVER``), it runs when nothing else waits."""
+        if not self.adopted.is_set():
+            return WHENEVER
+        if self.played_from is None:
+            return self.marks.speech_stopped or time.perf_counter()
+        return self.played_from + self.audio_seconds
+
+    def wait_adopted(self, stop, poll=0.02):
+        """LLM: block until the session adopts this reply or ``stop()`` is true; returns
+        whether it was adopted."""
+        while not self.adopted.wait(poll):
+            if stop():
+                return False
+        return True
 
     def phrase_spoken(self):
         """TTS: one more phrase synthesized and sent."""
@@ -194,13 +237,15 @@ class Speculate(StageWork):
 
 @dataclass
 class Peek(StageWork):
-    """VAD -> STT: the speech of an item still in progress."""
+    """VAD -> STT: the speech of an item so far (``final``: all of it, it has ended)."""
 
     item_id: str
     audio: object  # float32 @ 16 kHz
     language: str | None
     prompt: str | None
     voiced_ms: int
+    phrases: tuple = ()
+    final: bool = False
 
 
 @dataclass
@@ -300,12 +345,34 @@ class Transcribed(UnitEvent):
 
 
 @dataclass
+class Speculated(UnitEvent):
+    """The STT transcribed an item at its first pause, before its commit (``Speculate``): the
+    session may start a speculative reply to it (``ResponseJob.speculative``)."""
+
+    item_id: str
+    transcript: str
+    language: str | None = None
+
+
+@dataclass
+class SpeechResumed(UnitEvent):
+    """Speech went on after the pause its speculation was made at: that speculation, and any
+    reply to it, is of no use."""
+
+    item_id: str
+
+
+@dataclass
 class SpeechPeeked(UnitEvent):
-    """The transcript of an item's speech so far (the answer to a PeekInput)."""
+    """The transcript of an item's speech so far (the answer to a PeekInput); ``likeness``: how
+    like one of the peek's ``phrases`` it sounds (``pool.backends.stt.WhisperSTT.hear``; None:
+    not scored); ``final``: it covered the item to its end."""
 
     item_id: str
     transcript: str
     voiced_ms: int  # voiced speech in the audio transcribed
+    likeness: float | None = None
+    final: bool = False
 
 
 @dataclass
@@ -323,7 +390,8 @@ class ResponseText(UnitEvent):
 @dataclass
 class ResponseAudio(UnitEvent):
     """One spoken phrase: its transcript delta and its audio as base64 wire-format chunks;
-    ``samples``: the same audio as the TTS made it (float32, 24 kHz), for a recording."""
+    ``samples``: the same audio as the TTS made it (float32, 24 kHz), for a recording or the
+    echo canceller's reference (else None)."""
 
     response_id: str
     transcript: str
@@ -331,6 +399,15 @@ class ResponseAudio(UnitEvent):
     audio_ms: float
     tts_seconds: float
     samples: object = None
+
+
+@dataclass
+class EchoRemoved(UnitEvent):
+    """The echo canceller took the client's own playback out of the microphone from
+    ``start_ms`` to ``end_ms`` of the session's input audio: no speech, no turn, no interruption."""
+
+    start_ms: int
+    end_ms: int
 
 
 @dataclass

@@ -33,6 +33,12 @@ class Marks:
     tts_first_compute_s: float | None = None
     tts_first_phrase_audio_s: float | None = None
 
+    def take_turn(self, turn):
+        """A speculative reply's marks become its turn's: the turn's own marks (the end of its
+        speech, its commit and transcript, set by the session on ``turn``) join the stages'."""
+        for name in ("speech_stopped", "committed", "transcribed", "stt_compute_s", "stt_speculative"):
+            setattr(self, name, getattr(turn, name))
+
     def reach(self, name):
         """Set mark ``name`` to now unless it is set already; returns whether it was set now."""
         if getattr(self, name) is not None:

@@ -66,7 +66,7 @@ class _Chain:
             VADStage(backends, self.inboxes["stt"]),
             STTStage(backends),
             LLMStage(backends, self.inboxes["tts"]),
-            TTSStage(backends, thread_name=f"unit{unit.index}-tts-worker"),
+            TTSStage(backends),
         ]
         self.unit = unit
         self.abandoned = False
@@ -130,10 +130,11 @@ class PipelineUnit:
         self._ctx = None
         self._chain = _Chain(self, backends)
 
-    def begin(self, sink, recording=None):
+    def begin(self, sink, recording=None, playback=None):
         """Start a session: returns its SessionContext; ``sink(event)`` receives its events,
-        ``recording`` (a ``pool.history.recordings.SessionRecording``, or None) its audio."""
-        self._ctx = m.SessionContext(sink, recording)
+        ``recording`` (a ``pool.history.recordings.SessionRecording``, or None) its audio,
+        ``playback`` (a ``pool.pipeline.playback.Playback``, or None) what its client plays."""
+        self._ctx = m.SessionContext(sink, recording, playback)
         return self._ctx
 
     def submit(self, msg):

@@ -110,6 +110,18 @@ class SessionHistory:
         self._keep(ItemRecord(item_id=new_id("notice"), kind="notice", role="", status="", at_ms=self.now_ms(),
                               text=text, data={"notice": text}))
 
+    def overlap(self, verdict, start_ms, end_ms=None, heard=(), held_ms=None):
+        """Keep what was heard over the assistant's speech and what it was taken for
+        (``verdict``: "interruption", "turn", "backchannel", "noise" or "echo"); ``start_ms`` and
+        ``end_ms``: where, in the input audio buffer; ``heard``: ``[(voiced ms or None,
+        transcript), ...]`` of its peeks and transcript; ``held_ms``: how long it was held."""
+        said = [transcript for _, transcript in heard if transcript]
+        self._keep(ItemRecord(
+            item_id=new_id("overlap"), kind="overlap", role="user", status=verdict, at_ms=self.now_ms(),
+            text=said[-1] if said else "", audio_start_ms=start_ms, audio_end_ms=end_ms,
+            data={"verdict": verdict, "heard": [{"voiced_ms": ms, "transcript": t} for ms, t in heard],
+                  "held_ms": held_ms}))
+
     def error(self, event_id, error):
         """Keep an ``error`` event sent (``error``: its error object)."""
         self._keep(ItemRecord(item_id=event_id, kind="error", role="", status="", at_ms=self.now_ms(),

@@ -27,6 +27,7 @@ from pool.access.connect import Refusal, admit
 from pool.conf import get_config
 from pool.history.recordings import SessionRecording
 from pool.ids import new_id
+from pool.pipeline.playback import Playback
 from pool.states import CloseCode, EndReason
 from realtime.errors import ProtocolError
 from realtime.session.session import RealtimeSession
@@ -111,10 +112,15 @@ class LiveSession:
         records.session_started(self.id, self.unit.index, self.grant.api_key_id, self.client_address,
                                 self.transport.name)
         recording = SessionRecording(self.id) if self.grant.records_audio() else None
-        self._ctx = self.unit.begin(self._from_pipeline, recording)
+        # A client whose microphone may hear its own speakers (ECHO_CANCELLATION_TRANSPORTS:
+        # WebSocket clients; a browser's WebRTC cancels its own echo): the VAD stage cancels the
+        # echo of what it plays, so the server keeps that audio.
+        playback = Playback(keeps_audio=self.registry.backends.echo is not None
+                            and self.transport.name in config["ECHO_CANCELLATION_TRANSPORTS"])
+        self._ctx = self.unit.begin(self._from_pipeline, recording, playback)
         defaults = session_defaults(config, self.registry.speaks, self.model)
         self.session = RealtimeSession(self.id, self.unit, self.transport.send_event, defaults, records, recording,
-                                       self.transport.media_format)
+                                       self.transport.media_format, playback)
         secret = self.grant.secret
         self.session.start(secret.session if secret is not None else None, initial)
         self.started = self.last_client_event = time.monotonic()

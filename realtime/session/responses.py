@@ -13,6 +13,25 @@ from realtime.errors import ProtocolError
 from realtime.session.conversation import check_images, normalise_item
 
 
+class Speculation:
+    """A speculative reply (``ResponseJob.speculative``) to ``item_id``, a turn not yet committed:
+    its ``job`` and the pipeline events it made (``held``), sent only if it is adopted.
+    ``format``: the output audio format it was started with."""
+
+    def __init__(self, item_id, job, audio_format):
+        self.item_id, self.job, self.format = item_id, job, audio_format
+        self.held = []
+
+    def fits(self, request, voice, params, speed, last_turn):
+        """Whether it is the reply the session would start now: the same LLM request (the turn
+        committed with the words it was started on, and nothing else changed), voice, modality,
+        format and speed, answering the same last turn (``last_turn``: its item id)."""
+        job = self.job
+        return (job.request == request and job.voice == voice and job.modality == params["modality"]
+                and self.format == params["format"] and job.speed == speed and self.item_id == last_turn
+                and not job.cancelled.is_set())
+
+
 class Response:
     """One response in progress. ``job``: its ``pool.pipeline.messages.ResponseJob``; ``output``:
     its ``ResponseOutput``; ``automatic``: started by turn detection for a user turn, not by the
@@ -51,6 +70,12 @@ class Response:
             "metadata": self.metadata,
             "usage": usage,
         }
+
+
+def with_voice_style(instructions, style, modality):
+    """``instructions`` after the server's voice-style text ``style`` (``S2S["VOICE_STYLE"]``)
+    for a spoken reply (``modality`` "audio"); as they are for text, or with no style."""
+    return f"{style}\n\n{instructions}" if style and modality == "audio" else instructions
 
 
 def with_reply_language(instructions, language):

@@ -26,6 +26,7 @@ from pool.backends.voices import voice_for_language
 from pool.history.recorder import NoRecords
 from pool.ids import new_id
 from pool.pipeline import messages as m
+from pool.pipeline.playback import Playback
 from pool.pipeline.timings import Marks, TurnTimings
 from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder, OutputAudioEncoder, bytes_per_second
@@ -37,12 +38,15 @@ from realtime.session.conversation_events import ConversationEvents
 from realtime.session.history import SessionHistory
 from realtime.session.mcp import McpServers
 from realtime.session.output import ResponseOutput
-from realtime.session.responses import Response, response_params, with_reply_language
+from realtime.session.responses import Response, Speculation, response_params, with_reply_language, with_voice_style
 from realtime.session.turns import TurnTaking
 
 log = logging.getLogger(__name__)
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+# Client events after which a speculative reply is not the reply the turn would get.
+CHANGES_THE_NEXT_REPLY = frozenset({"session.update", "conversation.item.create", "conversation.item.delete",
+                                    "conversation.item.truncate", "input_audio_buffer.clear", "response.create"})
 
 
 def server_error(event_id=None):
@@ -79,26 +83,32 @@ class RealtimeSession:
     ``pool.history.recordings.SessionRecording`` that gets the assistant audio sent, or None.
     ``media_format``: the audio format of a transport that carries audio itself (WebRTC's
     tracks: PCM16 at 24 kHz both ways, whatever the session's ``audio`` formats say); None: the
-    session's formats (WebSocket).
+    session's formats (WebSocket). ``playback``: what its client plays
+    (``pool.pipeline.playback.Playback``; the unit's context shares it when the VAD cancels the
+    echo of it).
     """
 
-    def __init__(self, session_id, port, send, defaults, recorder=None, recording=None, media_format=None):
+    def __init__(self, session_id, port, send, defaults, recorder=None, recording=None, media_format=None,
+                 playback=None):
         self.id = session_id
         self._port = port
         self._send_raw = send
         self._max_tokens_cap = defaults.max_output_tokens
         self._context_chars = defaults.context_chars
+        self._voice_style = defaults.voice_style
         self._speaks = defaults.speaks  # PoolRegistry.speaks: the models' languages
         self._defaults = defaults
         self.config = defaults.session(session_id)
         self.conversation = conv.Conversation()
+        self.playback = playback or Playback()
         self.turns = TurnTaking(session_id, self.conversation, defaults.interrupt_min_speech_ms,
-                                defaults.backchannel_words, defaults.backchannel_prompt,
-                                defaults.backchannel_words_by_language)
+                                defaults.backchannels, self.playback)
         self._turn_timer = None  # a turns.Wait in progress
         self._idle_timer = None  # server_vad's idle timeout (turns.idle_wait)
         self._turn_language = None  # of the latest user turn: the next reply's language
         self.response = None  # the active Response
+        self._speculation = None  # a speculative reply to the speech in progress (Speculation)
+        self._speculative_replies = defaults.speculative_replies
         # The session row's counters (pool.models.Session), reported when the session ends.
         self.stats = {"turns": 0, "responses": 0, "completed_responses": 0, "cancelled_responses": 0,
                       "errors": 0, "stage_failures": 0, "audio_in_seconds": 0.0, "audio_out_seconds": 0.0,
@@ -162,6 +172,7 @@ class RealtimeSession:
         """The client is gone: stop the active response's generation and speech now, and close
         the history (its summary joins ``stats``)."""
         self._cancel_turn_timer()
+        self._drop_speculation()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         if self.response is not None:
@@ -187,7 +198,11 @@ class RealtimeSession:
                 if self.response is not None:
                     self.cancel_response(decision.reason)
             elif isinstance(decision, turns.Peek):
-                self.submit(m.PeekInput(decision.item_id, decision.after_ms, decision.prompt))
+                self.submit(m.PeekInput(decision.item_id, decision.after_ms, decision.prompt, decision.phrases))
+            elif isinstance(decision, turns.Judged):
+                metrics.OVERLAPS.labels(metrics.PROCESS, decision.verdict).inc()
+                self.history.overlap(decision.verdict, decision.event.audio_start_ms, heard=decision.heard,
+                                     held_ms=decision.held_ms)
             elif isinstance(decision, turns.Release):
                 for event in decision.events:
                     self.handle_pipeline_event(event)
@@ -256,6 +271,8 @@ class RealtimeSession:
         """Carry out one parsed client event; a ProtocolError becomes an ``error`` event, and so
         does a bug (``server_error``, logged with its traceback): the session goes on."""
         handler = getattr(self, "_on_" + event["type"].replace(".", "_"))
+        if event["type"] in CHANGES_THE_NEXT_REPLY:
+            self._drop_speculation()
         try:
             handler(event)
         except ProtocolError as error:
@@ -375,39 +392,37 @@ class RealtimeSession:
                 "conversation_already_has_active_response",
                 f"Conversation already has an active response in progress: {self.response.id}. "
                 "Wait until the response is finished before creating a new one.", event_id=event_id)
-        params = response_params(self.config, overrides, self.conversation.get, self._max_tokens_cap,
-                                 self._image_hosts)
-        response_id = new_id("resp")
-        # A reply is in the language of the user's latest turn: the LLM is told it (a model that
-        # hears several languages), and it is spoken by a voice of that language.
         language = self._turn_language if len(self._speaks["transcription_languages"]) > 1 else None
-        sees_images = self._speaks.get("sees_images", False)
-        messages = self.conversation.llm_messages(with_reply_language(params["instructions"], language),
-                                                  params["input"], self.config["truncation"], self._context_chars,
-                                                  with_images=sees_images)
-        if not sees_images and not self._images_dropped and any(
+        params, functions, request, voice = self._plan(overrides, language)
+        if not self._speaks.get("sees_images", False) and not self._images_dropped and any(
                 conv.images(item) for item in params["input"] or self.items.values()):
             self._images_dropped = True
             log.info("session %s: the LLM reads no images; they are left out of its prompt", self.id)
             self.history.notice("The LLM reads no images: the images of this conversation were left out of "
                                 "its prompt.")
-        functions = [tool for tool in params["tools"] if tool.get("type", "function") == "function"]
-        tools = functions + self.mcp.offered(besides={tool["name"] for tool in functions})
-        request = LLMRequest(messages, params["max_tokens"], tools, _llm_tool_choice(params["tool_choice"]),
-                             reasoning_effort=params["reasoning_effort"],
-                             parallel_tool_calls=params["parallel_tool_calls"])
-        voice = params["voice"] if language is None else voice_for_language(
-            params["voice"], language, self._speaks["voices"])
-        # The marks of the voice turn it answers travel with it (the next turn may start).
-        job = m.ResponseJob(response_id, request, params["modality"], voice,
-                            self.config["audio"]["output"]["speed"], OutputAudioEncoder(self._media_format or params["format"]),
-                            marks=self._turn_marks)
+        speculation, self._speculation = self._speculation, None
+        job = None
+        if speculation is not None:
+            if automatic and speculation.fits(request, voice, params, self.config["audio"]["output"]["speed"],
+                                              (self.turns.unanswered or [None])[-1]):
+                job = speculation.job  # already thinking and speaking: it goes on
+                job.marks.take_turn(self._turn_marks)
+                metrics.SPECULATIVE_REPLIES.labels(metrics.PROCESS, "used").inc()
+            else:
+                self._discard(speculation)
+                speculation = None
+        if job is None:
+            # The marks of the voice turn it answers travel with it (the next turn may start).
+            job = m.ResponseJob(new_id("resp"), request, params["modality"], voice,
+                                self.config["audio"]["output"]["speed"],
+                                OutputAudioEncoder(self._media_format or params["format"]), marks=self._turn_marks)
+        response_id = job.response_id
         output = ResponseOutput(response_id, params["modality"], params["conversation"], voice, self.send,
                                 self.conversation, self.history)
         response = Response(response_id, job, output, params["metadata"], automatic)
         response.function_names = {tool["name"] for tool in functions}  # the client's to run; the rest MCP's
         approved, self._approved = self._approved, []
-        if not approved and not self._port.submit(job):
+        if not approved and speculation is None and not self._port.submit(job):
             raise ProtocolError("server_busy", "The unit cannot take another response now.",
                                 type="server_error", event_id=event_id)
         job.marks.reach("response_created")
@@ -418,12 +433,79 @@ class RealtimeSession:
         self.turns.response_created(response)
         self._arm_idle_timer()  # none runs while a reply is under way
         self.send("response.created", response=response.body("in_progress"))
+        if speculation is not None:  # what it made while the user paused goes out now, in order
+            job.adopt()
+            for event in speculation.held:
+                self.handle_pipeline_event(event)
         if approved:  # the calls first; the LLM then answers with their results
             response.llm_done = True
             for request_item in approved:
                 self._start_mcp_call(response, request_item["server_label"], request_item["name"],
                                      request_item["arguments"], request_item["id"])
             self._next_round(response)
+
+    def _plan(self, overrides, language, said=None):
+        """``(params, function tools, LLMRequest, voice)`` of a response started now with
+        ``overrides`` (``response.create``'s), in ``language`` (None: the session's); ``said``:
+        the transcript of a turn not yet committed, as the user message it will be (a
+        speculative reply). Raises ProtocolError."""
+        params = response_params(self.config, overrides, self.conversation.get, self._max_tokens_cap,
+                                 self._image_hosts)
+        # A reply is in the language of the user's latest turn: the LLM is told it (a model that
+        # hears several languages), and it is spoken by a voice of that language.
+        instructions = with_voice_style(params["instructions"], self._voice_style, params["modality"])
+        messages = self.conversation.llm_messages(with_reply_language(instructions, language),
+                                                  params["input"], self.config["truncation"], self._context_chars,
+                                                  with_images=self._speaks.get("sees_images", False))
+        if said is not None:
+            messages = [*messages, {"role": "user", "content": said}]
+        functions = [tool for tool in params["tools"] if tool.get("type", "function") == "function"]
+        tools = functions + self.mcp.offered(besides={tool["name"] for tool in functions})
+        request = LLMRequest(messages, params["max_tokens"], tools, _llm_tool_choice(params["tool_choice"]),
+                             reasoning_effort=params["reasoning_effort"],
+                             parallel_tool_calls=params["parallel_tool_calls"])
+        voice = params["voice"] if language is None else voice_for_language(
+            params["voice"], language, self._speaks["voices"])
+        return params, functions, request, voice
+
+    # --- speculative replies --------------------------------------------------------------
+
+    def _on_speculated(self, event):
+        """The STT transcribed the speech in progress at its first pause: when the turn that
+        would end there would be answered at once, start its reply now, held
+        (``ResponseJob.speculative``): its LLM and first phrase run while the silence timer
+        runs out, on cores no other reply needs. The commit adopts it if it ends with the same
+        words (``create_response``); anything else discards it without a trace."""
+        self._drop_speculation()
+        if not self._speculative_replies or not self.turns.may_speculate(event.item_id, event.transcript):
+            return
+        language = event.language if len(self._speaks["transcription_languages"]) > 1 else None
+        try:
+            params, _functions, request, voice = self._plan({}, language, said=event.transcript)
+        except ProtocolError:
+            return
+        # Marks of its own: its stages' marks are the turn's only if it is adopted.
+        job = m.ResponseJob(new_id("resp"), request, params["modality"], voice, self.config["audio"]["output"]["speed"],
+                            OutputAudioEncoder(self._media_format or params["format"]), speculative=True)
+        if self._port.submit(job):
+            self._speculation = Speculation(event.item_id, job, params["format"])
+
+    def _on_speech_resumed(self, event):
+        if self._speculation is not None and self._speculation.item_id == event.item_id:
+            self._drop_speculation()
+
+    def _drop_speculation(self):
+        """What the session was told or did makes a speculative reply of no use."""
+        if self._speculation is not None:
+            self._discard(self._speculation)
+            self._speculation = None
+
+    @staticmethod
+    def _discard(speculation):
+        """Stop a speculative reply's work at once; what it made was never sent, and is not kept."""
+        speculation.job.cancelled.set()
+        speculation.held.clear()
+        metrics.SPECULATIVE_REPLIES.labels(metrics.PROCESS, "discarded").inc()
 
     def cancel_response(self, reason):
         """Cancel the active response (``reason``: turn_detected or client_cancelled)."""
@@ -458,7 +540,12 @@ class RealtimeSession:
 
     def handle_pipeline_event(self, event):
         """One event from the unit's stage threads (called on the event loop). Turn-taking may
-        hold it back (speech not yet known to be a turn) and hand it back later."""
+        hold it back (speech not yet known to be a turn) and hand it back later; a speculative
+        reply's output waits for its adoption."""
+        speculation = self._speculation
+        if speculation is not None and getattr(event, "response_id", None) == speculation.job.response_id:
+            speculation.held.append(event)
+            return
         try:
             decisions = self.turns.intercept(event)
             if decisions is not None:
@@ -474,6 +561,8 @@ class RealtimeSession:
             self.send_error(server_error())
 
     def _on_speech_started(self, event):
+        if self._speculation is not None and self._speculation.item_id != event.item_id:
+            self._drop_speculation()  # other speech: the turn it was for is not the last
         self._turn_marks = Marks()
         self.history.speech_started(event.item_id, event.audio_start_ms)
         self._carry_out(self.turns.speech_started(event))
@@ -501,6 +590,10 @@ class RealtimeSession:
             self.send("input_audio_buffer.timeout_triggered", audio_start_ms=event.audio_start_ms,
                       audio_end_ms=event.audio_end_ms, item_id=event.item_id)
         self._arm_idle_timer()
+
+    def _on_echo_removed(self, event):
+        metrics.OVERLAPS.labels(metrics.PROCESS, "echo").inc()
+        self.history.overlap("echo", event.start_ms, event.end_ms)
 
     def _on_input_caught_up(self, event):
         self._appends_heard = max(self._appends_heard, event.appends)
@@ -563,7 +656,7 @@ class RealtimeSession:
             response.job.marks.reach("first_audio_sent")
         if self._recording is not None and event.samples is not None:
             self._recording.sent(event.samples)
-        self.turns.audio_sent(event.audio_ms)
+        self.playback.sent(event.audio_ms / 1000, event.samples)
         self.stats["audio_out_seconds"] += event.audio_ms / 1000
 
     def _on_response_function_call(self, event):

@@ -1,8 +1,9 @@
 """Turn-taking: when user speech is a turn, when it interrupts the assistant, when a reply starts.
 
 ``TurnTaking`` holds the turn state of one session and answers each thing that happens with the
-decisions the session carries out, in order (``Announce``, ``Cancel``, ``Peek``, ``Release``,
-``Start``, ``Wait``, ``CatchUp``; an empty list: hold, queue or drop, nothing to do now). It
+decisions the session carries out, in order (``Announce``, ``Cancel``, ``Peek``, ``Judged``,
+``Release``, ``Start``, ``Wait``, ``CatchUp``; an empty list: hold, queue or drop, nothing to do
+now). It
 never calls the session. ``TurnTaking.maybe_respond`` is the one place that decides to start,
 queue or drop a reply of a server-VAD session (``server_vad`` or ``semantic_vad`` with
 ``create_response``). The rules, also in docs/PROTOCOL.md ("Turn-taking"):
@@ -16,13 +17,15 @@ queue or drop a reply of a server-VAD session (``server_vad`` or ``semantic_vad`
   is not an interruption. Their turns are answered by the next reply.
 - Speech that starts while the assistant is speaking (its reply has sent audio, or the audio sent
   is still playing on the client at real-time pace) is *undecided*: its events, and the reply's
-  next events, are held back. A peek (a transcript of the speech so far, with the backchannels
-  as the STT's prompt) at each ``INTERRUPT_MIN_SPEECH_MS`` of voiced speech judges it: the first
-  that hears words other than backchannels makes it a turn, whose events then go out as they
-  happened and which, with ``interrupt_response``, cancels the reply. Speech that ends before
-  any peek hears such words - a backchannel ("mm-hmm", "yeah"), a cough, noise - is dropped
-  without a trace and the reply goes on. Clients stop their playback at ``speech_started``, so
-  it must not be sent for a backchannel.
+  next events, are held back. A peek (a transcript of the speech so far, scored against a
+  listener's backchannel phrases) at each ``INTERRUPT_MIN_SPEECH_MS`` of voiced speech, or at its
+  first pause, or at its end, judges it: the first that hears words other than backchannels,
+  in audio unlike any backchannel phrase (``BACKCHANNEL_LIKENESS``), makes it a turn, whose events
+  then go out as they happened and which, with ``interrupt_response``, cancels the reply. Speech
+  whose every peek, the last one of all of it, hears none - a backchannel ("mm-hmm", "yeah"), a
+  cough, noise - is dropped without a trace and the reply goes on. Speech longer than the peeks
+  listen (``PEEK_LIMIT_MS``) is judged by its transcript. Clients stop their playback at
+  ``speech_started``, so it must not be sent for a backchannel.
 - ``semantic_vad``: a turn whose transcript ends on a word that cannot end a sentence ("for",
   "and", "the") is not answered before the eagerness fallback silence, unless the user goes on.
 """
@@ -34,7 +37,8 @@ import unicodedata
 from dataclasses import dataclass
 
 from pool.pipeline import messages as m
-from realtime.session_config import effective_silence_ms
+from pool.pipeline.playback import Playback
+from realtime.session_config import Backchannels, effective_silence_ms
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,9 @@ _JOIN = re.compile(r"[-'\u2019]")  # "mm-hmm" -> "mmhmm", "don't" -> "dont"
 # A hum however the STT spells it ("mm-hmm", "mm-huh", "uh-huh", "hmm", "mhm", "mm-hums"): m, h,
 # n and u, and perhaps a plural s.
 _HUM = re.compile(r"^[mhnu]*[mh][mhnu]*s?$")
+# A Latin-script "word" without a vowel is a fragment Whisper wrote for a sound ("Sh", "D", "Mmm"),
+# not a word said.
+_FRAGMENT = re.compile(r"^[b-df-hj-np-tv-xz]+$")
 _OUTPUT = (m.ResponseText, m.ResponseAudio, m.ResponseFunctionCall, m.ResponseFinished)
 
 
@@ -69,11 +76,13 @@ class Cancel:
 @dataclass(frozen=True)
 class Peek:
     """Ask the unit for a transcript of ``item_id`` once it holds ``after_ms`` of voiced speech,
-    with ``prompt`` as the STT's prompt (``pool.pipeline.messages.PeekInput``)."""
+    with ``prompt`` as the STT's prompt, scored against ``phrases``
+    (``pool.pipeline.messages.PeekInput``)."""
 
     item_id: str
     after_ms: int
     prompt: str | None
+    phrases: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,20 @@ class Release:
     """Handle these held pipeline ``events`` now, in order, then carry out ``settle()``."""
 
     events: tuple
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Speech over the assistant was judged: ``verdict`` "interruption" (a turn), "turn" (the
+    assistant stopped before it was judged), "backchannel" (words, all of them a listener's) or
+    "noise" (no words); ``event``: its SpeechStarted;
+    ``heard``: what each peek heard, ``[(voiced ms, transcript), ...]``, and its transcript;
+    ``held_ms``: how long its events were held before the verdict. For the history and metrics."""
+
+    verdict: str
+    event: object
+    heard: tuple
+    held_ms: int
 
 
 @dataclass(frozen=True)
@@ -115,14 +138,25 @@ def _letter(c):
     return c if c.isalpha() or kind == "Mc" else " "
 
 
-def interrupts(peeked, backchannel_words):
-    """True when a peek at speech over the assistant heard words other than backchannels:
-    ``backchannel_words`` and hums however spelled. The peek's last word may be cut off
-    ("Yeah, f-") and is then not counted."""
+def interrupts(peeked, backchannel_words, likeness=None, threshold=None, cues=frozenset()):
+    """True when a peek at speech over the assistant heard a word that marks an interruption
+    (``cues``: "wait", "stop", ...), or words other than backchannels (``backchannel_words`` and
+    hums however spelled) in audio that is not like a backchannel phrase either: its
+    ``likeness`` (``pool.backends.stt.WhisperSTT.hear``) is under ``threshold`` (either None:
+    the words alone decide). Whisper tiny.en writes a listener's "mm-hmm" or "uh-huh" in a voice
+    it has not heard as other words ("I'm Emm Hong.", "Dye her"), which the likeness sees
+    through; a short "Wait" peeked at after 300 ms may sound like "Wow", which its cue does not.
+    The peek's last word may be cut off ("Yeah, f-") and is then not counted, nor are fragments
+    without a vowel ("Sh", "D")."""
     said = words(peeked)
     if peeked.rstrip().endswith(("-", "...", "\u2026")):
         said = said[:-1]
-    return bool(said) and not all(w in backchannel_words or _HUM.match(w) for w in said)
+    if any(w in cues for w in said):
+        return True
+    said = [w for w in said if not _FRAGMENT.match(w)]
+    if not said or all(w in backchannel_words or _HUM.match(w) for w in said):
+        return False
+    return likeness is None or threshold is None or likeness < threshold
 
 
 class _Undecided:
@@ -130,10 +164,16 @@ class _Undecided:
 
     def __init__(self, started):
         self.started = started  # the SpeechStarted event
+        self.since = time.monotonic()
         self.held = []
+        self.heard = []  # (voiced ms, transcript) of each peek, then (None, its transcript)
         self.peeks = 0  # peeks asked for
         self.peek_pending = False
+        self.judged_whole = False  # a peek heard it to its end
         self.ended = False  # its transcript (or its failure) is among the held events
+
+    def judged(self, verdict):
+        return Judged(verdict, self.started, tuple(self.heard), int((time.monotonic() - self.since) * 1000))
 
 
 class TurnTaking:
@@ -142,9 +182,9 @@ class TurnTaking:
 
     ``session_id``: for the log; ``conversation``: the session's ``Conversation`` (the turns'
     transcripts); ``min_speech_ms``: INTERRUPT_MIN_SPEECH_MS (0: any speech interrupts at once, as
-    on OpenAI's service); ``backchannel_words``: BACKCHANNEL_WORDS; ``backchannel_prompt``:
-    BACKCHANNEL_PROMPT, the STT prompt of peeks; ``by_language``: BACKCHANNEL_WORDS_BY_LANGUAGE,
-    whose words count too while the user speaks that language (``language``). The session keeps
+    on OpenAI's service); ``backchannels``: a ``realtime.session_config.Backchannels`` (whose
+    words and phrases of the user's ``language`` count too); ``playback``: the session's
+    ``pool.pipeline.playback.Playback`` (what the client plays). The session keeps
     ``turn_detection`` and ``replies`` (the session is "realtime", not transcription-only) current,
     and ``input_heard`` (False while appends it sent are not through the VAD).
     """
@@ -158,17 +198,21 @@ class TurnTaking:
     def language(self, language):
         self._language = language
         self._backchannels = self._english | self._by_language.get(language, frozenset())
+        self._phrases = self._rule.phrases_for(language or "en")
+        self._cues = self._english_cues | self._cues_by_language.get(language, frozenset())
 
-    def __init__(self, session_id, conversation, min_speech_ms, backchannel_words, backchannel_prompt=None,
-                 by_language=None):
+    def __init__(self, session_id, conversation, min_speech_ms, backchannels=None, playback=None):
         self._session_id = session_id
         self._conversation = conversation
+        self.playback = playback or Playback()  # what the client plays of the replies
         self._min_speech_ms = min_speech_ms
-        self._english = frozenset(w for word in backchannel_words for w in words(word))
+        self._rule = backchannels or Backchannels()
+        self._english = frozenset(w for word in self._rule.words for w in words(word))
         self._by_language = {lang: frozenset(w for word in ws for w in words(word))
-                             for lang, ws in (by_language or {}).items()}
-        self._backchannels = self._english
-        self._prompt = backchannel_prompt
+                             for lang, ws in self._rule.by_language.items()}
+        self._english_cues = frozenset(w for word in self._rule.cues for w in words(word))
+        self._cues_by_language = {lang: frozenset(w for word in ws for w in words(word))
+                                  for lang, ws in self._rule.cues_by_language.items()}
         self.language = None
         self.turn_detection = None  # the session's audio.input.turn_detection (None: manual turns)
         self.replies = True  # the session answers turns (type "realtime")
@@ -179,7 +223,6 @@ class TurnTaking:
         self._held_output = []  # the reply's events held while speech is undecided
         self.untranscribed = set()  # committed items whose transcript is not back yet
         self.unanswered = []  # committed user items that no reply has seen yet
-        self.playback_end = 0.0  # time.monotonic() when the client will have played the audio sent
         self._speech_end = 0.0  # time.monotonic() of the last speech_stopped
         self._idle_from = time.monotonic()  # when the idle timeout was last (re)configured
         self.timing_out = False  # the session asked the VAD to commit the silence (TimeoutInput)
@@ -239,7 +282,7 @@ class TurnTaking:
         if (not idle_ms or not self.replies or self.timing_out or self.response is not None or self.speaking
                 or self.undecided or self.untranscribed):
             return None
-        since = max(self.playback_end, self._speech_end, self._idle_from)
+        since = max(self.playback.end, self._speech_end, self._idle_from)
         return since + idle_ms / 1000 - time.monotonic()
 
     def timed_out(self, item_id):
@@ -267,14 +310,14 @@ class TurnTaking:
 
     def _assistant_speaking(self):
         response = self.response
-        return (response is not None and response.output.audio_ms > 0) or time.monotonic() < self.playback_end
+        return (response is not None and response.output.audio_ms > 0) or self.playback.playing()
 
     # --- speech over the assistant ------------------------------------------------------------
 
     def _ask_peek(self, undecided):
         undecided.peeks += 1
         undecided.peek_pending = True
-        return Peek(undecided.started.item_id, undecided.peeks * self._min_speech_ms, self._prompt)
+        return Peek(undecided.started.item_id, undecided.peeks * self._min_speech_ms, self._rule.prompt, self._phrases)
 
     def _undecided_event(self, undecided, event):
         """Speech over the assistant is judged by peeks, one at each INTERRUPT_MIN_SPEECH_MS of
@@ -282,43 +325,46 @@ class TurnTaking:
         it ends with none, it was a backchannel or noise."""
         if isinstance(event, m.SpeechPeeked):
             undecided.peek_pending = False
-            log.info("session %s: speech over the assistant, %d ms voiced, heard %r", self._session_id,
-                     event.voiced_ms, event.transcript)
-            if interrupts(event.transcript, self._backchannels):
+            undecided.heard.append((event.voiced_ms, event.transcript))
+            log.info("session %s: speech over the assistant, %d ms voiced, heard %r (likeness %s)", self._session_id,
+                     event.voiced_ms, event.transcript, event.likeness)
+            if interrupts(event.transcript, self._backchannels, event.likeness, self._rule.likeness, self._cues):
                 return self._confirm(undecided)
+            undecided.judged_whole = undecided.judged_whole or event.final
             if undecided.ended:
                 return self._drop(undecided)
-            if event.voiced_ms and event.voiced_ms < PEEK_LIMIT_MS:
+            if not event.final and event.voiced_ms < PEEK_LIMIT_MS:
                 return [self._ask_peek(undecided)]  # still speaking: listen to the next stretch
             return []
         undecided.held.append(event)
-        if isinstance(event, m.Transcribed) and interrupts(event.transcript, self._backchannels):
-            # No peek heard words, but the utterance's own transcript (made without the peeks'
-            # backchannel prompt) has them: a turn after all. Peeks at "Ask not." heard "S..."
-            # and, prompted with hums, "" for the whole of it.
-            return self._confirm(undecided)
+        if isinstance(event, m.Transcribed):
+            undecided.heard.append((None, event.transcript))
+            if (not undecided.judged_whole and not undecided.peek_pending
+                    and interrupts(event.transcript, self._backchannels, cues=self._cues)):
+                return self._confirm(undecided)  # longer than the peeks listen: judged by its transcript
         if isinstance(event, (m.Transcribed, m.TranscriptionFailed)):
             undecided.ended = True
             if not undecided.peek_pending:
                 return self._drop(undecided)
         return []
 
-    def _confirm(self, undecided):
+    def _confirm(self, undecided, verdict="interruption"):
         """A real turn: it interrupts as any speech does, then its events go out as they
-        happened (and then ``settle``)."""
+        happened (and then ``settle``). ``verdict``: "turn" when the assistant had stopped."""
         del self.undecided[undecided.started.item_id]
-        return [*self._begin(undecided.started), Release(tuple(undecided.held))]
+        return [undecided.judged(verdict), *self._begin(undecided.started), Release(tuple(undecided.held))]
 
     def _drop(self, undecided):
         """A backchannel or noise: no event, no item, no turn; the reply goes on."""
         del self.undecided[undecided.started.item_id]
-        return [*self.settle(), *self.maybe_respond()]
+        verdict = "backchannel" if any(words(transcript) for _, transcript in undecided.heard) else "noise"
+        return [undecided.judged(verdict), *self.settle(), *self.maybe_respond()]
 
     def settle(self):
         """Undecided speech that no longer overlaps the assistant is ordinary speech; with none
         left undecided, the held reply events go out in order."""
         if self.undecided and not self._assistant_speaking():
-            return self._confirm(next(iter(self.undecided.values())))  # its Release settles again
+            return self._confirm(next(iter(self.undecided.values())), "turn")  # its Release settles again
         if self.undecided or not self._held_output:
             return []
         held, self._held_output = self._held_output, []
@@ -326,13 +372,9 @@ class TurnTaking:
 
     # --- the assistant ------------------------------------------------------------------------
 
-    def audio_sent(self, audio_ms):
-        """The client got ``audio_ms`` more of the reply; it plays it at real-time pace."""
-        self.playback_end = max(self.playback_end, time.monotonic()) + audio_ms / 1000
-
     def response_truncated(self):
         """The client cut the reply it was playing (``conversation.item.truncate``)."""
-        self.playback_end = time.monotonic()
+        self.playback.stopped()
 
     def response_created(self, response):
         """Every committed turn so far is in this reply's input."""
@@ -343,7 +385,7 @@ class TurnTaking:
         """``status``: the response.done status; ``reason``: a cancellation's reason."""
         self.response = None
         if status == "cancelled":
-            self.playback_end = time.monotonic()  # the client stops playing what it had
+            self.playback.stopped()  # the client stops playing what it had
         if reason == "turn_detected":
             self.unanswered = response.turns + self.unanswered  # answered by the next reply
         return [*self.settle(), *self.maybe_respond()]
@@ -370,6 +412,18 @@ class TurnTaking:
         if wait > 0:
             return [Wait(wait)]
         return [Start()]
+
+    def may_speculate(self, item_id, transcript):
+        """Whether a reply may be started on ``transcript`` of ``item_id``, speech in progress at
+        its first pause: it would be answered at once if it were committed now (the rules of
+        ``maybe_respond``), with words (semantic_vad: not ending mid-sentence)."""
+        td = self.turn_detection
+        if not (td and td.get("create_response") and self.replies) or self.speaking != item_id:
+            return False
+        if self.response is not None or self.undecided or self.untranscribed:
+            return False
+        said = words(transcript)
+        return bool(said) and not (td["type"] == "semantic_vad" and said[-1] in UNFINISHED_WORDS)
 
     def _unfinished_wait(self, td, item_id):
         """semantic_vad: seconds to wait before answering a turn that ends mid-sentence."""

@@ -83,14 +83,16 @@ class WebRTCCall:
         self._send(event)
         if kind == "response.done":
             response = event["response"]
-            self.reply.finish(response["id"])
-            if response["status"] == "cancelled":
-                # Cancelled by the server (barge-in) or the client: what is queued is not heard.
-                if self.reply.playing == response["id"]:
-                    asyncio.get_running_loop().call_soon(self._clear_output, None)
-                else:  # queued behind another reply: none of it was heard
-                    for item_id in self.reply.drop(response["id"]):
-                        asyncio.get_running_loop().call_soon(self._truncate, item_id, 0, None)
+            if response["status"] != "cancelled":
+                self.reply.finish(response["id"])
+            elif self.reply.playing == response["id"]:
+                # Cancelled by the server (barge-in) or the client while it plays: cleared, not
+                # stopped, even when the track has caught up with the TTS (a stall on a slow CPU)
+                # and holds none of it: the reply did not play to its end.
+                asyncio.get_running_loop().call_soon(self._clear_output, None)
+            else:  # queued behind another reply: none of it was heard
+                for item_id in self.reply.drop(response["id"]):
+                    asyncio.get_running_loop().call_soon(self._truncate, item_id, 0, None)
         elif kind == "input_audio_buffer.speech_started" and self.reply.playing is not None and self._interrupts():
             # The user talks over a reply still playing (its response may be done: the TTS runs
             # ahead of playback). A WebSocket client stops its own playback here; this one is ours.

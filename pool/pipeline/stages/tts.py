@@ -1,13 +1,14 @@
 """The TTS stage: speech for each phrase, sent in deltas; function calls and response ends in order."""
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
 from pool.backends.base import TTS_RATE
+from pool.conf import get_config
 from pool.pipeline import messages as m
+from pool.pipeline.compute import queue_of
 from pool.pipeline.pacing import pace_of
 from pool.pipeline.stages.base import Stage
 
@@ -19,32 +20,34 @@ class TTSStage(Stage):
     A phrase longer than the client's unplayed audio lasts is spoken in pieces
     (``pool.pipeline.pacing``), so the listener hears no gap while the next piece is synthesized.
 
-    Synthesis of one phrase cannot be interrupted (one ONNX run, up to ~1.5 s), so it runs on the
-    stage's own worker thread while the stage waits, watching for cancellation: a cancelled or
-    closed session frees the stage (and so the drain) within CANCEL_POLL_SECONDS; the worker
-    finishes the stale phrase and drops it.
+    Every unit's synthesis goes through the process's one deadline-first compute queue
+    (``pool.pipeline.compute``), due at ``job.due()``: a reply's first phrase when the user
+    stopped speaking, a later one when the audio the client holds runs out. The stage waits for its phrase, watching
+    for cancellation: a cancelled or closed session takes its phrase out of the queue and frees
+    the stage (and so the drain) within CANCEL_POLL_SECONDS; a synthesis already running (one ONNX
+    run, up to ~1.5 s, cannot be interrupted) finishes and is dropped.
     """
 
     name = "tts"
     CANCEL_POLL_SECONDS = 0.02
 
-    def __init__(self, backends, thread_name="tts-worker"):
+    def __init__(self, backends):
         self._tts = backends.tts
         self._pace = pace_of(backends.tts)
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
-
-    def stop(self):
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._queue = queue_of(backends, get_config()["COMPUTE_RUNS_AT_ONCE"])
 
     def _synthesize(self, ctx, job, text):
-        """float32 @ 24 kHz, or None when the response was cancelled or the session closed."""
-        future = self._worker.submit(self._tts.synthesize, text, job.voice, job.speed)
+        """``(float32 @ 24 kHz, compute seconds)``, or None when the response was cancelled or
+        the session closed."""
+        future = self._queue.submit(job.due, self._tts.synthesize, text, job.voice, job.speed)
         while True:
             try:
-                return future.result(timeout=self.CANCEL_POLL_SECONDS)
+                return future.result(timeout=self.CANCEL_POLL_SECONDS), future.compute_seconds
             except FutureTimeout:
                 if job.cancelled.is_set() or ctx.closed:
+                    future.cancel()
                     return None
+                self._queue.nudge()
 
     def handle(self, ctx, msg):
         job = msg.job
@@ -70,26 +73,28 @@ class TTSStage(Stage):
     @staticmethod
     def _lead(job):
         """Seconds of the reply's audio the client holds and has not played (played in real
-        time from the first audio), or None before the first audio."""
-        first = job.marks.tts_first_audio
+        time from the first audio), or None before the client plays it."""
+        first = job.played_from
         return None if first is None else job.audio_seconds - (time.perf_counter() - first)
 
     def _speak(self, ctx, job, text):
         """Synthesize ``text`` and send it; False when the response or session ended meanwhile."""
-        started = time.perf_counter()
-        samples = self._synthesize(ctx, job, text.strip())
-        if samples is None:
+        synthesized = self._synthesize(ctx, job, text.strip())
+        if synthesized is None:
             return False
-        seconds = time.perf_counter() - started
+        samples, seconds = synthesized
         self._pace.observe(len(text.split()), len(samples) / TTS_RATE, seconds)
         if job.marks.reach("tts_first_audio"):
             job.marks.tts_first_compute_s = seconds
             job.marks.tts_first_phrase_audio_s = len(samples) / TTS_RATE
+        if job.played_from is None and job.adopted.is_set():
+            job.played_from = time.perf_counter()  # a speculative reply's: when it is adopted
         job.audio_seconds += len(samples) / TTS_RATE
         if ctx.recording is not None:
             ctx.recording.write_sent()  # what the session forwarded of the earlier phrases
+        keep = ctx.recording is not None or (ctx.playback is not None and ctx.playback.keeps_audio)
         self._send(ctx, job, text, job.encoder.deltas(samples), len(samples) * 1000 / TTS_RATE, seconds,
-                   samples if ctx.recording is not None else None)
+                   samples if keep else None)
         return True
 
     @staticmethod

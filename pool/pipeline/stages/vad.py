@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pool.backends.base import SPEECH_RATE, VAD_WINDOW_SAMPLES
+from pool.backends.echo import similarity as echo_similarity
 from pool.ids import new_id
 from pool.pipeline import messages as m
 from pool.pipeline.stages.base import Stage
@@ -22,6 +23,25 @@ MIN_SPEECH_MS = 160
 # ends at this pause has its transcript ready (or under way) when the silence commits it. With
 # an end-of-turn model it starts halfway to the model's check, which may commit at once.
 SPECULATE_MS = 200
+# A peek asked for (speech over the assistant) is made at the first pause this long, before it
+# holds the voiced audio asked for: "Wait." is 0.4 s of speech.
+PEEK_PAUSE_MS = 200
+# The input's clock (``_Input.clock``) follows the appends' arrival; a client that falls this far
+# behind or ahead of real time (a pause, a file sent at once) starts it again from an arrival.
+CLOCK_SLACK_S = 0.25
+ECHO_TAIL_S = 1.0  # the canceller runs until this long after the client stopped playing
+# An append is echo when the canceller took at least this much of a sound out of it.
+ECHO_REMOVED_DB = 12.0
+SOUND_RMS = 10 ** (-50 / 20)  # quieter than this (dBFS) is silence, not a sound removed
+ECHO_GAP_MS = 300  # echo heard again within this much is one stretch of it
+# Speech that starts while the client plays is first compared with what it played: the last
+# ECHO_CHECK_MS of it, against the playback up to ECHO_DELAY_MS earlier; at ECHO_SIMILARITY or
+# more it is echo (tuned on the corpus's tune part: bench.interruptions, BENCHMARKS.md 14).
+ECHO_CHECK_MS = 400
+ECHO_DELAY_MS = 500
+ECHO_LEAD_MS = 100
+ECHO_SIMILARITY = 0.22
+ECHO_PROBE_S = 0.25  # while the client plays and no echo is known, listen for it this often
 
 
 @dataclass
@@ -36,7 +56,8 @@ class _Speech:
     silence: int = 0  # samples of silence since its last speech window
     asked: bool = False  # the end-of-turn model was asked about the current pause
     speculated: int | None = None  # samples of it transcribed at the current pause
-    peek: tuple | None = None  # (voiced samples, prompt) at which to peek at it
+    peek: tuple | None = None  # (voiced samples, prompt, phrases) of the peek asked for
+    pause_peeked: bool = False  # the current pause was peeked at
 
 
 @dataclass
@@ -50,12 +71,18 @@ class _Input:
     prompt: str | None = None  # the STT's initial prompt for this session's turns
     noise_reduction: bool = False
     pending: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # not yet a window
+    vad_pending: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # the same, as the VAD hears it
     buffer: list = field(default_factory=list)  # windows since the last commit (manual turns, or speech)
     prefix: collections.deque = field(default_factory=collections.deque)  # windows before speech (padding)
     samples_seen: int = 0
     speech: _Speech | None = None
     last: tuple | None = None  # (item id, audio, voiced samples) of the last speech committed
     lag_max: float = 0.0  # seconds from an append's arrival to its VAD, this session
+    clock: float | None = None  # time.monotonic() at which the input so far was captured (about)
+    raw: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # the last ECHO_CHECK_MS as captured
+    echo_found: bool = False  # the microphone hears the client's playback: cancel it
+    probe_in: float = 0.0  # seconds of playback until the next listen for its echo
+    echo: list | None = None  # [first ms, last ms] of the echo being removed, or None
 
     def audio(self, pending=False):
         """The buffered audio as one array (``pending``: with the part-window at its end)."""
@@ -71,6 +98,7 @@ class VADStage(Stage):
     def __init__(self, backends, stt_inbox):
         self._stream = backends.vad.new_stream()
         self._denoise = backends.denoise.new_stream() if backends.denoise is not None else None
+        self._echo = backends.echo.new_stream() if backends.echo is not None else None
         self._turn = backends.turn
         self._stt_inbox = stt_inbox
         self.end_session()
@@ -79,6 +107,8 @@ class VADStage(Stage):
         self._stream.reset()
         if self._denoise is not None:
             self._denoise.reset()
+        if self._echo is not None:
+            self._echo.reset()
         self._in = _Input()
 
     @property
@@ -107,8 +137,8 @@ class VADStage(Stage):
             self._peek_request(ctx, msg)
         elif isinstance(msg, m.ClearInput):
             if state.speech is not None and state.speech.peek is not None:
-                ctx.emit(m.SpeechPeeked(state.speech.item_id, "", 0))
-            state.buffer, state.pending, state.speech = [], state.pending[:0], None
+                ctx.emit(m.SpeechPeeked(state.speech.item_id, "", 0, final=True))
+            state.buffer, state.pending, state.vad_pending, state.speech = [], state.pending[:0], state.pending[:0], None
             state.prefix.clear()
             ctx.emit(m.InputCleared(msg.event_id))
 
@@ -128,19 +158,107 @@ class VADStage(Stage):
             return
         if ctx.recording is not None:
             ctx.recording.user(samples)  # as the user sent it
+        heard = None  # what the STT is given, when it is not what the VAD hears
+        if self._echo is not None and ctx.playback is not None and ctx.playback.keeps_audio:
+            samples, heard = self._cancel_echo(ctx, msg.received_at, samples)
         if state.noise_reduction and self._denoise is not None:
-            samples = self._denoise.process(samples)
-        audio = np.concatenate([state.pending, samples]) if len(state.pending) else samples
+            samples, heard = self._denoise.process(samples), None
+        audio = np.concatenate([state.vad_pending, samples]) if len(state.vad_pending) else samples
+        kept = audio if heard is None else np.concatenate([state.pending, heard])
         whole = len(audio) - len(audio) % VAD_WINDOW_SAMPLES
         for start in range(0, whole, VAD_WINDOW_SAMPLES):
-            self._window(ctx, audio[start:start + VAD_WINDOW_SAMPLES])
-        state.pending = audio[whole:].copy()
+            self._window(ctx, audio[start:start + VAD_WINDOW_SAMPLES], kept[start:start + VAD_WINDOW_SAMPLES])
+        state.vad_pending, state.pending = audio[whole:].copy(), kept[whole:].copy()
         state.lag_max = max(state.lag_max, time.monotonic() - msg.received_at)
 
-    def _window(self, ctx, window):
+    def _cancel_echo(self, ctx, received_at, samples):
+        """``(for the VAD, for the STT)``: the microphone's ``samples`` without the echo of what
+        the client played while they were captured (``ctx.playback``), once this session's
+        microphone was found to hear it (every ECHO_PROBE_S while it plays, and when speech
+        starts: ``_echo_left``): the canceller then runs while the client plays, and for
+        ECHO_TAIL_S after. Before, and for clients on headphones or with echo cancellation of
+        their own, the input passes as it came: AEC3 attenuates a voice while its reference
+        plays, echo or not (it cost every interruption of the corpus when it ran for all). The STT is given the mean
+        of the canceller's output and the microphone: AEC3's suppression in double talk distorts
+        the user's words ("How old I am?" for "Hold on."), the microphone holds the echo; the mean
+        keeps the words and the echo 6 dB down (BENCHMARKS.md, 14). Each stretch of sound it
+        removes is reported (``EchoRemoved``)."""
+        state, seconds = self._in, len(samples) / SPEECH_RATE
+        if state.clock is None or abs(received_at - (state.clock + seconds)) > CLOCK_SLACK_S:
+            state.clock = received_at  # the samples end about when they arrived
+        else:
+            state.clock += seconds
+        start = state.clock - seconds
+        if start > ctx.playback.end + ECHO_TAIL_S:  # nothing plays: nothing to cancel, no cost
+            self._echo_heard(ctx, None)
+            passed = self._echo.bypass(samples)
+            return passed, passed
+        state.raw = np.concatenate([state.raw, samples])[-ECHO_CHECK_MS * SPEECH_RATE // 1000:]
+        if not state.echo_found:
+            state.probe_in -= seconds
+            if state.probe_in <= 0:  # listen for the echo before it is taken for speech
+                state.probe_in = ECHO_PROBE_S
+                state.echo_found = self._sounds_like_playback(ctx, state.clock)
+            if not state.echo_found:
+                passed = self._echo.bypass(samples)
+                return passed, passed
+        cleaned, captured = self._echo.process(samples, ctx.playback.reference(start, len(samples)))
+        before = float(np.sqrt(np.mean(captured ** 2))) if len(captured) else 0.0
+        after = float(np.sqrt(np.mean(cleaned ** 2))) if len(cleaned) else 0.0
+        removed = before > SOUND_RMS and after < before * 10 ** (-ECHO_REMOVED_DB / 20)
+        self._echo_heard(ctx, removed)
+        return cleaned, (cleaned + captured) / 2
+
+    def _echo_left(self, ctx):
+        """Whether the speech about to start is the client's playback coming back: while the
+        client plays, the microphone's last ECHO_CHECK_MS as captured is the playback, late
+        (echo.similarity at least ECHO_SIMILARITY, over delays up to ECHO_DELAY_MS); a voice
+        louder than the echo scores low. The first time, the session's echo canceller starts
+        (it takes AEC3 a second or two to learn the room, and this check holds meanwhile)."""
+        state = self._in
+        if self._echo is None or ctx.playback is None or not ctx.playback.keeps_audio or state.clock is None:
+            return False
+        end = state.clock - len(state.pending) / SPEECH_RATE  # when the last window was captured
+        if end > ctx.playback.end + ECHO_TAIL_S or not self._sounds_like_playback(ctx, end):
+            return False
+        state.echo_found = True
+        self._echo_heard(ctx, True)
+        return True
+
+    def _sounds_like_playback(self, ctx, end):
+        """Whether the microphone's last ECHO_CHECK_MS, captured up to ``end`` (monotonic
+        seconds), is the client's playback, up to ECHO_DELAY_MS late (about 1 ms of FFT)."""
+        heard = self._in.raw
+        if not len(heard) or float(np.sqrt(np.mean(heard ** 2))) < SOUND_RMS:
+            return False
+        # Delays from -ECHO_LEAD_MS (the input's clock may run a little ahead of the capture)
+        # up to ECHO_DELAY_MS.
+        span = len(heard) + (ECHO_DELAY_MS + ECHO_LEAD_MS) * SPEECH_RATE // 1000
+        reference = ctx.playback.reference(end + ECHO_LEAD_MS / 1000 - span / SPEECH_RATE, span)
+        return echo_similarity(heard, reference) >= ECHO_SIMILARITY
+
+    def _echo_heard(self, ctx, removed):
+        """Follow the stretches of echo removed: ``removed`` says whether the last append was
+        one (None: the client is not playing)."""
+        state = self._in
+        now_ms = _ms(state.samples_seen + len(state.pending))
+        if removed:
+            if state.echo is None:
+                state.echo = [now_ms, now_ms]
+            state.echo[1] = now_ms
+        elif state.echo is not None and (removed is None or now_ms - state.echo[1] > ECHO_GAP_MS):
+            first, last = state.echo
+            state.echo = None
+            if last - first >= MIN_SPEECH_MS:
+                ctx.emit(m.EchoRemoved(first, last))
+
+    def _window(self, ctx, window, kept):
+        """One VAD window: ``window`` is what the VAD hears, ``kept`` what the buffer keeps for
+        the STT (the same, but for a microphone whose echo is cancelled)."""
         state = self._in
         probability = self._stream.probability(window)
         state.samples_seen += VAD_WINDOW_SAMPLES
+        window = kept  # from here on, what is buffered
         td = state.turn_detection
         if td is None:
             state.buffer.append(window)
@@ -159,12 +277,17 @@ class VADStage(Stage):
         state.buffer.append(window)
         speech.voiced += voiced
         if not speech.announced and speech.voiced * VAD_WINDOW_SAMPLES * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
+            if self._echo_left(ctx):
+                self._drop_candidate()
+                return
             speech.announced = True
             ctx.emit(m.SpeechStarted(speech.item_id, _ms(max(speech.start, 0))))
         if probability < max(td.threshold - NEG_THRESHOLD_GAP, 0.01):
             speech.silence += VAD_WINDOW_SAMPLES
         else:
-            speech.silence, speech.asked, speech.speculated = 0, False, None
+            if speech.speculated is not None:  # what was speculated on at the pause is not the turn
+                ctx.emit(m.SpeechResumed(speech.item_id))
+            speech.silence, speech.asked, speech.speculated, speech.pause_peeked = 0, False, None, False
         if not speech.announced:
             if speech.silence * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
                 self._drop_candidate()
@@ -205,26 +328,33 @@ class VADStage(Stage):
         return self._turn.is_complete(self._in.audio())
 
     def _peek_request(self, ctx, msg):
-        """Peek at the current speech once it is voiced enough; at the last item, which ended
-        before the request came (the input was ahead of the protocol), as a whole."""
+        """Peek at the current speech once it is voiced enough (or at its first pause, or when it
+        ends); at the last item, which ended before the request came (the input was ahead of the
+        protocol), as a whole."""
         state = self._in
-        after = msg.after_ms * SPEECH_RATE // 1000
         if state.speech is not None and msg.item_id == state.speech.item_id:
-            state.speech.peek = (after, msg.prompt)
+            state.speech.peek = (msg.after_ms * SPEECH_RATE // 1000, msg.prompt, msg.phrases)
             self._maybe_peek(ctx)
-        elif state.last is not None and msg.item_id == state.last[0] and state.last[2] >= after:
+        elif state.last is not None and msg.item_id == state.last[0]:
             item_id, audio, voiced = state.last
-            self._stt_inbox.put((ctx, m.Peek(item_id, audio, state.language, msg.prompt, _ms(voiced))))
-        else:  # too short, or long gone: no words to hear
-            ctx.emit(m.SpeechPeeked(msg.item_id, "", 0))
+            self._stt_inbox.put((ctx, m.Peek(item_id, audio, state.language, msg.prompt, _ms(voiced), msg.phrases,
+                                             final=True)))
+        else:  # long gone: no words to hear
+            ctx.emit(m.SpeechPeeked(msg.item_id, "", 0, final=True))
 
     def _maybe_peek(self, ctx):
+        """Make the peek asked for once the speech holds its voiced audio, or at its first pause
+        of PEEK_PAUSE_MS: a short "Wait." is judged there, not after the turn's silence."""
         speech = self._in.speech
+        if speech.peek is None:
+            return
         voiced = speech.voiced * VAD_WINDOW_SAMPLES
-        if speech.peek is not None and voiced >= speech.peek[0]:
-            self._stt_inbox.put((ctx, m.Peek(speech.item_id, self._in.audio(), self._in.language, speech.peek[1],
-                                             _ms(voiced))))
-            speech.peek = None
+        pause = not speech.pause_peeked and speech.silence * 1000 >= PEEK_PAUSE_MS * SPEECH_RATE
+        if voiced >= speech.peek[0] or pause:
+            _after, prompt, phrases = speech.peek
+            self._stt_inbox.put((ctx, m.Peek(speech.item_id, self._in.audio(), self._in.language, prompt, _ms(voiced),
+                                             phrases)))
+            speech.peek, speech.pause_peeked = None, speech.pause_peeked or pause
 
     def _timeout(self, ctx, idle_ms):
         """server_vad's idle timeout: no speech has begun, so the silence buffered (the prefix
@@ -251,12 +381,13 @@ class VADStage(Stage):
                 event_id))
             return
         voiced = speech.voiced * VAD_WINDOW_SAMPLES if speech else 0
-        if speech is not None and speech.peek is not None:  # it ended before it was voiced enough to be peeked at
-            ctx.emit(m.SpeechPeeked(item_id, "", _ms(voiced)))
+        if speech is not None and speech.peek is not None:  # it ended before the peek was made: all of it
+            _after, prompt, phrases = speech.peek
+            self._stt_inbox.put((ctx, m.Peek(item_id, audio, state.language, prompt, _ms(voiced), phrases, final=True)))
         # Kept for a peek asked for after the speech ended (server VAD turns only: a manual
         # buffer may hold minutes of audio).
         state.last = (item_id, audio, voiced) if state.turn_detection else None
-        state.buffer, state.pending, state.speech = [], state.pending[:0], None
+        state.buffer, state.pending, state.vad_pending, state.speech = [], state.pending[:0], state.pending[:0], None
         state.prefix.clear()
         ctx.emit(m.InputCommitted(item_id, _ms(len(audio)), event_id))
         self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, state.language, speech.speculated if speech else None,

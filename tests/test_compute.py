@@ -1,0 +1,184 @@
+"""The shared models' deadline-first queues: what runs first when several units want one model,
+and what cancel removes. The order is observed with a model that blocks until released, so no
+test depends on how fast anything runs."""
+
+import threading
+import time
+
+import numpy as np
+
+from pool.pipeline import messages as m
+from pool.pipeline.compute import WHENEVER, ComputeQueue
+from pool.pipeline.stages.llm import LLMStage
+from pool.pipeline.stages.stt import STTStage
+from pool.pipeline.stages.tts import TTSStage
+
+
+class Gate:
+    """A model call that records its argument and blocks until released."""
+
+    def __init__(self):
+        self.ran, self.started = [], threading.Event()
+        self._open = threading.Event()
+
+    def __call__(self, name):
+        self.ran.append(name)
+        self.started.set()
+        self._open.wait(10)
+        return name
+
+    def release(self):
+        self._open.set()
+
+
+def busy_queue():
+    """A one-worker queue whose worker is busy with a first call until the gate opens."""
+    queue, gate = ComputeQueue("test"), Gate()
+    first = queue.submit(0.0, gate, "running")
+    assert gate.started.wait(5)
+    return queue, gate, first
+
+
+def test_the_earliest_deadline_runs_first_and_speculative_work_last():
+    queue, gate, first = busy_queue()
+    now = time.perf_counter()
+    later = queue.submit(now + 3.0, gate, "another unit's later phrase")
+    speculative = queue.submit(WHENEVER, gate, "speculative reply")
+    waiting = queue.submit(now, gate, "a waiting user's first phrase")
+    gate.release()
+    assert [f.result(5) for f in (first, later, speculative, waiting)]
+    assert gate.ran == ["running", "a waiting user's first phrase", "another unit's later phrase", "speculative reply"]
+
+
+def test_a_speculative_reply_adopted_while_it_waits_moves_up_at_once():
+    """A deadline may be a callable, asked whenever a worker picks its next call: a speculative
+    reply's work (due never) that the session adopts is due as any reply from then on."""
+    queue, gate, first = busy_queue()
+    job = m.ResponseJob("resp_spec", None, "audio", "alloy", 1.0, None, speculative=True)
+    job.marks.speech_stopped = time.perf_counter()
+    spoken = queue.submit(job.due, gate, "the adopted reply's first phrase")
+    later = queue.submit(time.perf_counter() + 3.0, gate, "another unit's later phrase")
+    assert job.due() == WHENEVER
+    job.adopt()
+    gate.release()
+    [f.result(5) for f in (first, spoken, later)]
+    assert gate.ran == ["running", "the adopted reply's first phrase", "another unit's later phrase"]
+
+
+def test_equal_deadlines_run_in_the_order_submitted():
+    queue, gate, first = busy_queue()
+    futures = [queue.submit(1.0, gate, f"unit {i}") for i in range(4)]
+    gate.release()
+    [f.result(5) for f in futures]
+    assert gate.ran == ["running"] + [f"unit {i}" for i in range(4)]
+
+
+def test_cancel_takes_queued_work_out_at_once_and_it_never_runs():
+    queue, gate, first = busy_queue()
+    kept, dropped = queue.submit(2.0, gate, "kept"), queue.submit(1.0, gate, "dropped")
+    assert queue.pending() == 2
+    assert dropped.cancel()
+    assert queue.pending() == 1  # gone from the queue before any worker looked at it
+    gate.release()
+    assert kept.result(5) == "kept"
+    assert gate.ran == ["running", "kept"]
+
+
+def test_an_error_reaches_the_caller_and_the_queue_goes_on():
+    queue = ComputeQueue("test")
+
+    def broken():
+        raise ValueError("bad phrase")
+
+    failed, fine = queue.submit(0.0, broken), queue.submit(1.0, str, 42)
+    assert isinstance(failed.exception(5), ValueError)
+    assert fine.result(5) == "42" and fine.compute_seconds >= 0
+
+
+def Job(speech_stopped=None, first_audio=None, audio_seconds=0.0):  # noqa: N802 - what due() reads of a job
+    job = m.ResponseJob("resp", None, "audio", "alloy", 1.0, None, audio_seconds=audio_seconds)
+    job.marks = m.Marks(speech_stopped=speech_stopped, tts_first_audio=first_audio)
+    job.played_from = first_audio  # the client plays it from its first audio
+    return job
+
+
+def test_a_first_phrase_is_due_when_the_user_stopped_and_a_later_one_when_the_held_audio_runs_out():
+    assert Job(speech_stopped=100.0).due() == 100.0
+    assert Job(speech_stopped=100.0, first_audio=101.0, audio_seconds=2.5).due() == 103.5
+    before, due, after = time.perf_counter(), Job().due(), time.perf_counter()
+    assert before <= due <= after  # a response without speech (response.create) is due now
+
+
+def test_units_share_one_queue_and_a_waiting_users_first_phrase_goes_before_a_later_phrase():
+    """Three units' TTS stages on one model: while unit A's first phrase is being synthesized,
+    unit C's second phrase (its client holds C's first audio) and then unit B's first phrase (B's
+    user waits in silence) are asked for; B's runs first although it was asked for last."""
+    from pool.backends.scripted import load_scripted
+    from pool.conf import get_config
+    from realtime.audio import OutputAudioEncoder
+
+    gate = Gate()
+
+    class Model:  # a TTS whose every synthesis waits for the gate
+        voices = languages = frozenset()
+
+        def synthesize(self, text, voice, speed=1.0):
+            gate(text)
+            return np.zeros(2400, np.float32)
+
+    backends = load_scripted(get_config())
+    shared = type(backends)(**{**backends.__dict__, "tts": Model()})
+    unit_a, unit_b, unit_c = TTSStage(shared), TTSStage(shared), TTSStage(shared)
+    assert unit_a._queue is unit_b._queue is unit_c._queue is STTStage(shared)._queue is LLMStage(shared, None)._queue
+    events = []
+
+    def job(speech_stopped):
+        encoder = OutputAudioEncoder({"type": "audio/pcm", "rate": 24000})
+        job = m.ResponseJob("resp", None, "audio", "alloy", 1.0, encoder)
+        job.marks.speech_stopped = speech_stopped
+        return job
+
+    def speak(stage, job, text):
+        threading.Thread(target=stage._speak, args=(m.SessionContext(events.append), job, text), daemon=True).start()
+
+    def wait_for(condition):
+        deadline = time.monotonic() + 5
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    now = time.perf_counter()
+    a, b, c = job(now - 3), job(now - 1), job(now - 6)
+    c.marks.tts_first_audio = c.played_from = now - 4  # C's client holds half a second of audio
+    c.audio_seconds = 4.5
+    speak(unit_a, a, "A's first phrase")
+    assert gate.started.wait(5)
+    speak(unit_c, c, "C's second phrase")
+    wait_for(lambda: unit_a._queue.pending() == 1)
+    speak(unit_b, b, "B's first phrase")
+    wait_for(lambda: unit_a._queue.pending() == 2)
+    gate.release()
+    wait_for(lambda: len(events) == 3)
+    assert gate.ran == ["A's first phrase", "B's first phrase", "C's second phrase"]
+
+
+def test_the_workers_of_a_queue_no_one_holds_end():
+    import gc
+
+    queue = ComputeQueue("dropped")
+    assert queue.submit(0.0, str, 1).result(5) == "1"
+    [worker] = [t for t in threading.enumerate() if t.name == "dropped-0"]
+    del queue
+    gc.collect()
+    worker.join(15)  # it looks every IDLE_SECONDS
+    assert not worker.is_alive()
+
+
+def test_a_stuck_call_holds_only_its_own_caller():
+    """A wedged model call (one unit's) must not stop every other unit: once it has run
+    STUCK_SECONDS, a waiting call gets a worker of its own; the extra worker ends when idle."""
+    queue, gate, stuck = busy_queue()
+    queue.STUCK_SECONDS = 0.3
+    other = queue.submit(1.0, str, "another unit's phrase")
+    assert queue.result(other, poll=0.1) == "another unit's phrase" and not stuck.done()
+    gate.release()
+    assert stuck.result(5) == "running"

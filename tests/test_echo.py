@@ -1,0 +1,174 @@
+"""Echo-aware barge-in at the VAD stage: a client on laptop speakers sends the assistant's own voice
+back as its microphone. The real Silero VAD and WebRTC's echo canceller, with what the server sent
+as the reference; the echo goes through a room (``bench.interruption_corpus.room``)."""
+
+import base64
+import queue
+
+import numpy as np
+import pytest
+import soxr
+
+from bench.interruption_corpus import active_rms, room
+from pool.backends.scripted import load_scripted
+from pool.conf import DEFAULTS
+from pool.pipeline import messages as m
+from pool.pipeline.playback import Playback
+from pool.pipeline.stages.vad import VADStage
+from realtime.audio import InputAudioDecoder, float_to_pcm16
+
+from .helpers import HOTWORDS, JFK, load_audio, normalise
+
+RATE = 24_000
+SENT_AT = 100.0  # the server's clock when it sent the reply (a fake monotonic clock)
+
+
+@pytest.fixture(scope="module")
+def backends():
+    return load_scripted({**DEFAULTS, "BACKEND": "scripted"})
+
+
+def echo_of(played, delay_ms, gain_db, rt60_s):
+    """What a microphone beside the speakers hears of ``played``: late, quieter, through a room."""
+    wet = np.convolve(played, room(rt60_s, 7))[: len(played)] * 10 ** (gain_db / 20)
+    delay = int(delay_ms * RATE / 1000)
+    return np.concatenate([np.zeros(delay, np.float32), wet[: len(played) - delay]]).astype(np.float32)
+
+
+def listen(backends, mic, reply, keeps_audio=True, latency_s=0.06, stt_inbox=None):
+    """The VAD stage's events for a client that was sent ``reply`` (float32 @ 24 kHz) at
+    SENT_AT and plays it at once, and whose microphone (``mic``, from SENT_AT on) reaches the
+    server in 40 ms appends, ``latency_s`` after each was captured. ``stt_inbox``: gets what the
+    stage hands the STT."""
+    now = [SENT_AT]
+    playback = Playback(keeps_audio=keeps_audio, clock=lambda: now[0])
+    playback.sent(len(reply) / RATE, reply)
+    events = []
+    ctx = m.SessionContext(events.append, playback=playback)
+    stage = VADStage(backends, stt_inbox or queue.Queue())
+    stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": RATE}),
+                                       m.TurnDetection(0.5, 300, 500), "en"))
+    step = RATE * 40 // 1000
+    for i in range(0, len(mic), step):
+        now[0] = SENT_AT + (i + step) / RATE + latency_s
+        audio = base64.b64encode(float_to_pcm16(mic[i:i + step])).decode()
+        stage.handle(ctx, m.AppendInput(audio, received_at=now[0]))
+    return events
+
+
+def kinds(events):
+    return [type(e).__name__ for e in events]
+
+
+@pytest.fixture(scope="module")
+def reply():
+    """The assistant's reply as the client plays it: 11 s of real speech (jfk.flac)."""
+    return load_audio(JFK)
+
+
+@pytest.mark.parametrize("delay_ms, gain_db, rt60_s", [(100, -10.0, 0.25), (250, -25.0, 0.4), (150, -15.0, 0.3)])
+def test_the_assistants_own_voice_from_the_speakers_is_not_speech(backends, reply, delay_ms, gain_db, rt60_s):
+    mic = echo_of(reply, delay_ms, gain_db, rt60_s)
+    events = listen(backends, mic, reply)
+    assert "SpeechStarted" not in kinds(events)
+    removed = [e for e in events if isinstance(e, m.EchoRemoved)]
+    assert removed and sum(e.end_ms - e.start_ms for e in removed) > 2000  # said where it was
+
+
+def test_without_the_canceller_the_echo_is_heard_as_speech(backends, reply):
+    """The same microphone, for a transport whose echo is not cancelled (keeps_audio off)."""
+    mic = echo_of(reply, 150, -15.0, 0.3)
+    assert "SpeechStarted" in kinds(listen(backends, mic, reply, keeps_audio=False))
+
+
+def test_a_real_voice_over_the_echo_is_speech_and_keeps_its_words(backends, reply, whisper):
+    """The user talks over the echo, at a normal level: speech, from where they began, and the
+    turn the STT is given holds their words, not the assistant's (the canceller passed them)."""
+    user = load_audio(HOTWORDS)
+    user = user * (0.1 / active_rms(user))
+    mic = echo_of(reply, 150, -15.0, 0.3)
+    at = 3 * RATE
+    mic[at:at + len(user)] += user[: len(mic) - at]
+    stt_inbox = queue.Queue()
+    events = listen(backends, mic, reply, stt_inbox=stt_inbox)
+    started = [e for e in events if isinstance(e, m.SpeechStarted)]
+    assert len(started) == 1 and 2700 <= started[0].audio_start_ms <= 3400
+    turns = [msg for _, msg in list(stt_inbox.queue) if isinstance(msg, m.Transcribe)]
+    heard = normalise(" ".join(whisper.transcribe(t.audio, "en") for t in turns))
+    assert "then you go into your" in heard, heard
+    assert not {"country", "americans", "fellow", "ask"} & set(heard.split()), heard
+
+
+def test_nothing_is_cancelled_while_nothing_plays(backends):
+    """A listening session pays nothing: with no reply playing, the input passes as it came."""
+    user = load_audio(HOTWORDS)
+    events = listen(backends, user, np.zeros(0, np.float32))
+    assert kinds(events)[0] == "SpeechStarted"
+    assert not [e for e in events if isinstance(e, m.EchoRemoved)]
+
+
+def test_the_playback_model_says_what_played_when(reply):
+    now = [SENT_AT]
+    playback = Playback(keeps_audio=True, clock=lambda: now[0])
+    playback.sent(1.0, reply[:RATE])
+    playback.sent(1.0, reply[RATE:2 * RATE])  # queued behind the first second
+    assert playback.end == SENT_AT + 2.0
+    expected = soxr.resample(reply[RATE:2 * RATE], RATE, 16_000)
+    got = playback.reference(SENT_AT + 1.0, 16_000)
+    assert np.abs(got - expected).max() < 1e-4
+    now[0] = SENT_AT + 0.5
+    playback.stopped()  # cancelled half a second in: nothing after it played
+    assert playback.end == SENT_AT + 0.5 and not playback.reference(SENT_AT + 0.5, 8000).any()
+    assert playback.reference(SENT_AT, 8000).any()
+
+
+def test_a_client_given_replies_faster_than_it_plays_them_holds_a_bounded_reference(reply):
+    """Back-to-back text turns: 200 seconds of replies sent at once. What is kept for the echo
+    canceller stops AHEAD_SECONDS past now (test_faults' 200-turn call grew by 64 KB a turn)."""
+    from pool.pipeline.playback import AHEAD_SECONDS, KEEP_SECONDS
+
+    now = [SENT_AT]
+    playback = Playback(keeps_audio=True, clock=lambda: now[0])
+    for _ in range(200):
+        playback.sent(1.0, reply[:RATE])
+    assert playback.end == SENT_AT + 200.0  # it still plays all of it, in order
+    kept = sum(len(samples) for _, samples in playback._chunks) / 16_000
+    assert kept <= AHEAD_SECONDS + KEEP_SECONDS + 1.0
+    assert playback.reference(SENT_AT + 10.0, 16_000).any()  # what plays next is still known
+
+
+def test_a_voice_over_a_reply_the_microphone_does_not_hear_passes_untouched(backends, reply):
+    """A client on headphones: its microphone hears the user, not the reply. The canceller never
+    starts (AEC3 attenuates a voice while its reference plays, echo or not: run for every client,
+    it cost every interruption of the corpus), so the STT gets the user's audio as it came."""
+    user = load_audio(HOTWORDS)
+    user = user * (0.1 / active_rms(user))
+    mic = np.zeros(len(reply), np.float32)
+    at = 2 * RATE
+    mic[at:at + len(user)] = user
+    stt_inbox = queue.Queue()
+    events = listen(backends, mic, reply, stt_inbox=stt_inbox)
+    assert kinds(events)[0] == "SpeechStarted" and not [e for e in events if isinstance(e, m.EchoRemoved)]
+    [turn] = [msg for _, msg in list(stt_inbox.queue) if isinstance(msg, m.Transcribe)]
+    sent = soxr.resample(user, RATE, 16_000)
+    assert abs(20 * np.log10(active_rms(turn.audio, 16_000) / active_rms(sent, 16_000))) < 0.5
+
+
+def test_what_sounds_like_the_playback(reply):
+    """echo.similarity: the playback, late and through a room, scores high; pink noise (a fan),
+    or a near-silent stretch of the playback, scores low - a noisy microphone is not taken for
+    one that hears its speakers (it was, before the pre-emphasis and the level floor)."""
+    from bench.interruption_corpus import pink_noise
+    from pool.backends.echo import similarity
+    from pool.pipeline.stages.vad import ECHO_SIMILARITY
+
+    played = soxr.resample(reply, RATE, 16_000).astype(np.float32)
+    end = 5 * 16_000
+    reference = played[end - 16_000:end]  # the last second played
+    echo = echo_of(reply, 150, -15.0, 0.3)
+    heard = soxr.resample(echo, RATE, 16_000).astype(np.float32)[end - 6400:end]
+    assert similarity(heard, reference) >= ECHO_SIMILARITY
+    for seed in range(5):
+        assert similarity(pink_noise(6400, seed) * 0.01, reference) < ECHO_SIMILARITY / 2
+    hush = np.random.default_rng(0).standard_normal(16_000).astype(np.float32) * 1e-4 + 0.002  # hum and hiss
+    assert similarity(pink_noise(6400, 9) * 0.01, hush) == 0.0
