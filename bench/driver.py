@@ -42,7 +42,10 @@ async def converse(url, recording, session=None, trailing_silence_s=3.0, quiet_s
         deadline = t0 + timeout_s
         open_responses = 0
         while time.perf_counter() < deadline:
-            wait = quiet_s if sender.done() and open_responses == 0 else deadline - time.perf_counter()
+            # Quiet counts once the recording is sent: while it is, look again at least every
+            # 0.5 s (a fast server's last response.done can come before the trailing silence
+            # is sent, and then no event would wake this loop until the deadline).
+            wait = quiet_s if sender.done() and open_responses == 0 else min(0.5, deadline - time.perf_counter())
             try:
                 message = await asyncio.wait_for(ws.recv(), wait)
             except asyncio.TimeoutError:
