@@ -195,7 +195,9 @@ async def test_backchannels_leave_the_reply_alone_and_a_real_interruption_cancel
         assert done.response.status_details.reason == "turn_detected"
         await sender
         transcript = await until("conversation.item.input_audio_transcription.completed")
-        assert "joke" in normalise(transcript.transcript)
+        turn = [(e["type"], e.get("audio_start_ms", e.get("audio_end_ms"))) for e in events[listening:]
+                if e["type"].startswith("input_audio_buffer.")]
+        assert "joke" in normalise(transcript.transcript), turn  # where the server heard it start and stop
         answer = await until("response.done")
         assert answer.response.status == "completed"
     spoken = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]

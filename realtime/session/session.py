@@ -592,6 +592,8 @@ class RealtimeSession:
         self._arm_idle_timer()
 
     def _on_echo_removed(self, event):
+        log.info("session %s: echo of the playback removed from the microphone, %d-%d ms", self.id,
+                 event.start_ms, event.end_ms)
         metrics.OVERLAPS.labels(metrics.PROCESS, "echo").inc()
         self.history.overlap("echo", event.start_ms, event.end_ms)
 
