@@ -72,7 +72,9 @@ def test_the_assistants_own_voice_from_the_speakers_is_not_speech(backends, repl
     events = listen(backends, mic, reply)
     assert "SpeechStarted" not in kinds(events)
     removed = [e for e in events if isinstance(e, m.EchoRemoved)]
-    assert removed and sum(e.end_ms - e.start_ms for e in removed) > 2000  # said where it was
+    # Said where it was: seconds of it, from when two matches on audio of their own agreed on
+    # its delay (the first 0.6 s or so pass uncancelled; they are not taken for speech either).
+    assert removed and sum(e.end_ms - e.start_ms for e in removed) > 1500
 
 
 def test_without_the_canceller_the_echo_is_heard_as_speech(backends, reply):
@@ -150,6 +152,28 @@ def test_a_voice_over_a_reply_the_microphone_does_not_hear_passes_untouched(back
     events = listen(backends, mic, reply, stt_inbox=stt_inbox)
     assert kinds(events)[0] == "SpeechStarted" and not [e for e in events if isinstance(e, m.EchoRemoved)]
     [turn] = [msg for _, msg in list(stt_inbox.queue) if isinstance(msg, m.Transcribe)]
+    sent = soxr.resample(user, RATE, 16_000)
+    assert abs(20 * np.log10(active_rms(turn.audio, 16_000) / active_rms(sent, 16_000))) < 0.5
+
+
+def test_a_voice_that_once_sounds_like_the_playback_does_not_start_the_canceller(backends, reply):
+    """A user's word can resemble the playback by chance (an e2e "Yeah" did, once in a few runs);
+    a real echo comes back at the same delay again and again. One match must not start the
+    canceller: run on a voice, AEC3 takes its words away (the e2e "Wait, stop, tell me a joke
+    instead." that followed was removed as echo, and the reply went on). Here the microphone
+    hears 250 ms of the playback once, 150 ms late, then the user talks over the reply: the
+    user's speech starts, nothing is removed, and the STT gets it at its level."""
+    mic = np.zeros(len(reply), np.float32)
+    at, length, late = RATE, RATE // 4, RATE * 150 // 1000
+    mic[at:at + length] = reply[at - late:at - late + length] * 0.3
+    user = load_audio(HOTWORDS)
+    user = user * (0.1 / active_rms(user))
+    start = 3 * RATE
+    mic[start:start + len(user)] = user
+    stt_inbox = queue.Queue()
+    events = listen(backends, mic, reply, stt_inbox=stt_inbox)
+    assert "SpeechStarted" in kinds(events) and not [e for e in events if isinstance(e, m.EchoRemoved)]
+    turn = [msg for _, msg in list(stt_inbox.queue) if isinstance(msg, m.Transcribe)][-1]
     sent = soxr.resample(user, RATE, 16_000)
     assert abs(20 * np.log10(active_rms(turn.audio, 16_000) / active_rms(sent, 16_000))) < 0.5
 

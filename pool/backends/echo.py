@@ -75,7 +75,13 @@ class EchoStream:
 
 
 def similarity(captured, reference, floor=10 ** (-50 / 20)):
-    """How much of ``captured`` is ``reference`` played back: the peak normalised
+    """``best_match(captured, reference, floor)``'s score alone."""
+    return best_match(captured, reference, floor)[0]
+
+
+def best_match(captured, reference, floor=10 ** (-50 / 20)):
+    """``(score, offset)``: how much of ``captured`` is ``reference`` played back, and where:
+    ``captured`` matches ``reference[offset:offset + len(captured)]`` best. The score is the peak normalised
     cross-correlation (0 to 1) of ``captured`` against ``reference`` delayed by 0 up to
     ``len(reference) - len(captured)`` samples. Both float32, same rate; ``reference`` ends where
     ``captured`` ends. Both are pre-emphasised first (a first difference: a slow drift or low
@@ -85,7 +91,7 @@ def similarity(captured, reference, floor=10 ** (-50 / 20)):
     to 0.7; a voice on top of it, or noise, 0.1-0.2 (BENCHMARKS.md, 14)."""
     n, m = len(captured), len(reference)
     if n < 2 or m < n:
-        return 0.0
+        return 0.0, 0
     x = np.diff(captured.astype(np.float64))
     r = np.diff(reference.astype(np.float64))
     n, m = len(x), len(r)
@@ -102,4 +108,8 @@ def similarity(captured, reference, floor=10 ** (-50 / 20)):
     # signal's pitch): loud enough to be heard.
     level = np.concatenate([[0.0], np.cumsum(reference.astype(np.float64) ** 2)])
     heard = np.sqrt((level[n + 1:] - level[1:-n]) / n) >= floor
-    return float(scores[heard[: len(scores)]].max()) if heard.any() else 0.0
+    heard = heard[: len(scores)]
+    if not heard.any():
+        return 0.0, 0
+    offset = int(np.argmax(np.where(heard, scores, -1.0)))
+    return float(scores[offset]), offset

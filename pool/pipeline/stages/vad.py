@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pool.backends.base import SPEECH_RATE, VAD_WINDOW_SAMPLES
-from pool.backends.echo import similarity as echo_similarity
+from pool.backends.echo import best_match
 from pool.ids import new_id
 from pool.pipeline import messages as m
 from pool.pipeline.stages.base import Stage
@@ -42,6 +42,11 @@ ECHO_DELAY_MS = 500
 ECHO_LEAD_MS = 100
 ECHO_SIMILARITY = 0.22
 ECHO_PROBE_S = 0.25  # while the client plays and no echo is known, listen for it this often
+# A real echo comes back at one delay (the client's buffer, the room); a voice that resembles the
+# playback by chance matches it at any. The canceller starts only when two matches agree this well:
+# run on a voice, AEC3 takes its words away (an e2e "Wait, stop, ..." was removed as echo after
+# one chance match of a "Yeah").
+ECHO_DELAY_AGREE_MS = 30
 
 
 @dataclass
@@ -81,6 +86,7 @@ class _Input:
     clock: float | None = None  # time.monotonic() at which the input so far was captured (about)
     raw: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # the last ECHO_CHECK_MS as captured
     echo_found: bool = False  # the microphone hears the client's playback: cancel it
+    echo_match: tuple | None = None  # (delay, end): how late (s) a match of the playback came back, and when
     probe_in: float = 0.0  # seconds of playback until the next listen for its echo
     echo: list | None = None  # [first ms, last ms] of the echo being removed, or None
 
@@ -198,7 +204,7 @@ class VADStage(Stage):
             state.probe_in -= seconds
             if state.probe_in <= 0:  # listen for the echo before it is taken for speech
                 state.probe_in = ECHO_PROBE_S
-                state.echo_found = self._sounds_like_playback(ctx, state.clock)
+                self._hears_playback(ctx, state.clock)
             if not state.echo_found:
                 passed = self._echo.bypass(samples)
                 return passed, passed
@@ -213,29 +219,41 @@ class VADStage(Stage):
         """Whether the speech about to start is the client's playback coming back: while the
         client plays, the microphone's last ECHO_CHECK_MS as captured is the playback, late
         (echo.similarity at least ECHO_SIMILARITY, over delays up to ECHO_DELAY_MS); a voice
-        louder than the echo scores low. The first time, the session's echo canceller starts
-        (it takes AEC3 a second or two to learn the room, and this check holds meanwhile)."""
+        louder than the echo scores low. Once two matches agree on the delay, the session's
+        echo canceller starts (``_hears_playback``; it takes AEC3 a second or two to learn the
+        room, and this check holds meanwhile)."""
         state = self._in
         if self._echo is None or ctx.playback is None or not ctx.playback.keeps_audio or state.clock is None:
             return False
         end = state.clock - len(state.pending) / SPEECH_RATE  # when the last window was captured
-        if end > ctx.playback.end + ECHO_TAIL_S or not self._sounds_like_playback(ctx, end):
+        if end > ctx.playback.end + ECHO_TAIL_S or not self._hears_playback(ctx, end):
             return False
-        state.echo_found = True
         self._echo_heard(ctx, True)
         return True
 
-    def _sounds_like_playback(self, ctx, end):
+    def _hears_playback(self, ctx, end):
         """Whether the microphone's last ECHO_CHECK_MS, captured up to ``end`` (monotonic
-        seconds), is the client's playback, up to ECHO_DELAY_MS late (about 1 ms of FFT)."""
-        heard = self._in.raw
+        seconds), is the client's playback, up to ECHO_DELAY_MS late (about 1 ms of FFT). A
+        match at the delay of an earlier one (within ECHO_DELAY_AGREE_MS) on audio of its own
+        (ECHO_CHECK_MS later: the checks overlap, and one stretch of voice must not confirm
+        itself) finds the echo: the canceller runs from then on (``echo_found``)."""
+        state, heard = self._in, self._in.raw
         if not len(heard) or float(np.sqrt(np.mean(heard ** 2))) < SOUND_RMS:
             return False
         # Delays from -ECHO_LEAD_MS (the input's clock may run a little ahead of the capture)
         # up to ECHO_DELAY_MS.
         span = len(heard) + (ECHO_DELAY_MS + ECHO_LEAD_MS) * SPEECH_RATE // 1000
         reference = ctx.playback.reference(end + ECHO_LEAD_MS / 1000 - span / SPEECH_RATE, span)
-        return echo_similarity(heard, reference) >= ECHO_SIMILARITY
+        score, offset = best_match(heard, reference)
+        if score < ECHO_SIMILARITY:
+            return False
+        delay = (span - offset - len(heard)) / SPEECH_RATE - ECHO_LEAD_MS / 1000
+        if state.echo_match is not None and abs(delay - state.echo_match[0]) * 1000 <= ECHO_DELAY_AGREE_MS:
+            if (end - state.echo_match[1]) * 1000 >= ECHO_CHECK_MS:
+                state.echo_found = True
+            return True  # the earlier match stays: a later one on audio of its own confirms it
+        state.echo_match = (delay, end)
+        return True
 
     def _echo_heard(self, ctx, removed):
         """Follow the stretches of echo removed: ``removed`` says whether the last append was
