@@ -161,12 +161,13 @@ def test_a_voice_that_once_sounds_like_the_playback_does_not_start_the_canceller
     a real echo comes back at the same delay again and again. One match must not start the
     canceller: run on a voice, AEC3 takes its words away (the e2e "Wait, stop, tell me a joke
     instead." that followed was removed as echo, and the reply went on). Here the microphone
-    hears 250 ms of the playback once, 150 ms late, then the user talks over the reply: the
-    user's speech starts, nothing is removed, and the STT gets it at its level."""
+    hears 250 ms of a voice that resembles the playback, 150 ms late (a trace of it under the
+    voice: similarity 0.22-0.29, as chance matches scored), then the user talks over the reply:
+    the user's speech starts, nothing is removed, and the STT gets it at its level."""
+    user = load_audio(HOTWORDS)
     mic = np.zeros(len(reply), np.float32)
     at, length, late = RATE, RATE // 4, RATE * 150 // 1000
-    mic[at:at + length] = reply[at - late:at - late + length] * 0.3
-    user = load_audio(HOTWORDS)
+    mic[at:at + length] = reply[at - late:at - late + length] * 0.02 + user[RATE // 2:RATE // 2 + length] * 0.1
     user = user * (0.1 / active_rms(user))
     start = 3 * RATE
     mic[start:start + len(user)] = user

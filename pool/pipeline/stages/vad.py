@@ -41,6 +41,10 @@ ECHO_CHECK_MS = 400
 ECHO_DELAY_MS = 500
 ECHO_LEAD_MS = 100
 ECHO_SIMILARITY = 0.22
+# A match this strong is the playback at once (an echo the canceller has not learnt scores 0.3 to
+# 0.7); between ECHO_SIMILARITY and this, voices resembled the playback by chance (up to 0.27
+# measured, BENCHMARKS.md 14a), so such a match counts only when a second one agrees on its delay.
+ECHO_SURE_SIMILARITY = 0.35
 ECHO_PROBE_S = 0.25  # while the client plays and no echo is known, listen for it this often
 # A real echo comes back at one delay (the client's buffer, the room); a voice that resembles the
 # playback by chance matches it at any. The canceller starts only when two matches agree this well:
@@ -234,7 +238,7 @@ class VADStage(Stage):
     def _hears_playback(self, ctx, end):
         """Whether the microphone's last ECHO_CHECK_MS, captured up to ``end`` (monotonic
         seconds), is the client's playback, up to ECHO_DELAY_MS late (about 1 ms of FFT). A
-        match at the delay of an earlier one (within ECHO_DELAY_AGREE_MS) on audio of its own
+        match of ECHO_SURE_SIMILARITY finds the echo; a weaker one at the delay of an earlier one (within ECHO_DELAY_AGREE_MS) on audio of its own
         (ECHO_CHECK_MS later: the checks overlap, and one stretch of voice must not confirm
         itself) finds the echo: the canceller runs from then on (``echo_found``)."""
         state, heard = self._in, self._in.raw
@@ -247,6 +251,9 @@ class VADStage(Stage):
         score, offset = best_match(heard, reference)
         if score < ECHO_SIMILARITY:
             return False
+        if score >= ECHO_SURE_SIMILARITY:
+            state.echo_found = True
+            return True
         delay = (span - offset - len(heard)) / SPEECH_RATE - ECHO_LEAD_MS / 1000
         if state.echo_match is not None and abs(delay - state.echo_match[0]) * 1000 <= ECHO_DELAY_AGREE_MS:
             if (end - state.echo_match[1]) * 1000 >= ECHO_CHECK_MS:
