@@ -86,7 +86,8 @@ def _turns_over_a_speaking_reply():
     from realtime.session.conversation import Conversation
     from realtime.session.turns import TurnTaking
 
-    turns = TurnTaking("sess_1", Conversation(), 500, Backchannels(tuple(DEFAULTS["BACKCHANNEL_WORDS"])))
+    turns = TurnTaking("sess_1", Conversation(), 500, Backchannels(tuple(DEFAULTS["BACKCHANNEL_WORDS"]),
+                                                                   cues=tuple(DEFAULTS["INTERRUPTION_WORDS"])))
     turns.turn_detection = {"type": "server_vad", "create_response": True, "interrupt_response": True}
     reply = SimpleNamespace(automatic=True, turns=[], output=SimpleNamespace(items=[{}], audio_ms=800.0))
     turns.response_created(reply)
@@ -125,6 +126,25 @@ def test_a_backchannel_over_the_assistant_is_dropped_and_the_reply_goes_on():
     assert turns.intercept(m.Transcribed("item_1", "Mm-hmm.", 0.6, 0.05)) == [
         t.Judged("backchannel", started, heard, ANY), t.Release((held,))]
     assert turns.speaking is None and not turns.unanswered  # no turn, nothing to answer
+
+
+def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue():
+    """ "Ice" (for "I see") at the first peek is no verdict: the next peek hears "I see." and the
+    speech is a backchannel. A cue word ("Wait") still interrupts at once, and so do two words."""
+    from pool.pipeline import messages as m
+    from realtime.session import turns as t
+
+    turns, _reply = _turns_over_a_speaking_reply()
+    started = m.SpeechStarted("item_1", 1200)
+    turns.speech_started(started)
+    assert turns.intercept(m.SpeechPeeked("item_1", "Ice", 500, likeness=-2.0)) == [t.Peek("item_1", 1000, None)]
+    assert turns.intercept(m.SpeechPeeked("item_1", "I see.", 700, final=True, likeness=0.2)) == []
+    assert [type(d) for d in turns.intercept(m.Transcribed("item_1", "I see.", 0.7, 0.05))] == [t.Judged]
+    assert turns.speaking is None and not turns.unanswered
+    for heard in ("Wait", "Can you stop"):
+        turns, _reply = _turns_over_a_speaking_reply()
+        turns.speech_started(m.SpeechStarted("item_1", 1200))
+        assert t.Cancel("turn_detected") in turns.intercept(m.SpeechPeeked("item_1", heard, 500, likeness=-3.0))
 
 
 def test_the_idle_timeout_starts_over_once_it_has_fired():

@@ -159,6 +159,19 @@ def interrupts(peeked, backchannel_words, likeness=None, threshold=None, cues=fr
     return likeness is None or threshold is None or likeness < threshold
 
 
+def lone_word(peeked, cues=frozenset()):
+    """True when a peek heard one whole word that is not a cue ("Ice" for "I see", "And" of
+    "And Mm-"): at the first peek, 300 ms into speech, Whisper tiny.en's one word is a coin toss
+    between a backchannel and an interruption (#27's e2e "I see." in bm_george's voice was heard
+    "Ice" in 3 of 5 runs), so the next peek decides. A cut-off last word and fragments without
+    a vowel are not counted, as in ``interrupts``."""
+    said = words(peeked)
+    if peeked.rstrip().endswith(("-", "...", "\u2026")):
+        said = said[:-1]
+    said = [w for w in said if not _FRAGMENT.match(w)]
+    return len(said) == 1 and said[0] not in cues
+
+
 class _Undecided:
     """Speech over the assistant, not yet known to be a turn: its held pipeline events."""
 
@@ -329,6 +342,9 @@ class TurnTaking:
             log.info("session %s: speech over the assistant, %d ms voiced, heard %r (likeness %s)", self._session_id,
                      event.voiced_ms, event.transcript, event.likeness)
             if interrupts(event.transcript, self._backchannels, event.likeness, self._rule.likeness, self._cues):
+                if (undecided.peeks == 1 and not event.final and event.voiced_ms < PEEK_LIMIT_MS
+                        and lone_word(event.transcript, self._cues)):
+                    return [self._ask_peek(undecided)]  # one word, no cue: the next peek decides
                 return self._confirm(undecided)
             undecided.judged_whole = undecided.judged_whole or event.final
             if undecided.ended:
