@@ -148,9 +148,7 @@ def interrupts(peeked, backchannel_words, likeness=None, threshold=None, cues=fr
     through; a short "Wait" peeked at after 300 ms may sound like "Wow", which its cue does not.
     The peek's last word may be cut off ("Yeah, f-") and is then not counted, nor are fragments
     without a vowel ("Sh", "D")."""
-    said = words(peeked)
-    if peeked.rstrip().endswith(("-", "...", "\u2026")):
-        said = said[:-1]
+    said = _peeked_words(peeked)
     if any(w in cues for w in said):
         return True
     said = [w for w in said if not _FRAGMENT.match(w)]
@@ -165,11 +163,14 @@ def lone_word(peeked, cues=frozenset()):
     between a backchannel and an interruption (#27's e2e "I see." in bm_george's voice was heard
     "Ice" in 3 of 5 runs), so the next peek decides. A cut-off last word and fragments without
     a vowel are not counted, as in ``interrupts``."""
-    said = words(peeked)
-    if peeked.rstrip().endswith(("-", "...", "\u2026")):
-        said = said[:-1]
-    said = [w for w in said if not _FRAGMENT.match(w)]
+    said = [w for w in _peeked_words(peeked) if not _FRAGMENT.match(w)]
     return len(said) == 1 and said[0] not in cues
+
+
+def _peeked_words(peeked):
+    """``words(peeked)`` without its last word when the peek cut it off ("Yeah, f-", "And so...")."""
+    said = words(peeked)
+    return said[:-1] if peeked.rstrip().endswith(("-", "...", "\u2026")) else said
 
 
 class _Undecided:
