@@ -21,14 +21,15 @@ import websockets
 
 from pool.pipeline.stages.vad import MIN_SPEECH_MS
 from realtime.client import CHUNK_MS, load_audio, pcm16_chunks
+from realtime.session_config import SERVER_VAD_DEFAULTS
 
 from .common import RECORDINGS, emit, start_server, stats
 from .connect_storm import TOKEN, pool_status
 
 PAUSE_S = 8.0  # silence after each utterance
 # speech_started comes this long after its audio_start_ms was sent on an idle server: the default
-# prefix padding (300 ms), MIN_SPEECH_MS of voiced windows, one 40 ms append. More is a backlog.
-ONSET_FLOOR_MS = 300 + MIN_SPEECH_MS + CHUNK_MS
+# prefix padding, MIN_SPEECH_MS of voiced windows, one 40 ms append. More is a backlog.
+ONSET_FLOOR_MS = SERVER_VAD_DEFAULTS["prefix_padding_ms"] + MIN_SPEECH_MS + CHUNK_MS
 
 
 async def listener(url, chunks, offset, stop_at, onsets):
