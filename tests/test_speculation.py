@@ -84,6 +84,40 @@ async def test_a_reply_started_at_a_pause_the_user_talks_through_leaves_no_trace
     assert speculative not in str(with_it)  # and nothing of it reached the client
 
 
+async def test_a_pause_the_user_talked_through_while_it_was_transcribed_starts_no_reply(connect, settings):
+    """The STT's transcript of a pause can arrive after speech has resumed (a slow STT, a busy
+    machine): that pause is over, and a reply started on it would be computed only to be thrown
+    away. The pause's transcription here takes 1.2 s, past the end of the 1.1 s pause."""
+    import time
+
+    started, discarded = counted("used") + counted("discarded"), counted("discarded")
+    slow_first = iter([1.2])
+
+    async def converse_slowly(speculate):
+        settings.S2S = {**settings.S2S, "SPECULATIVE_REPLIES": speculate}
+        SCRIPT.reset()
+
+        def transcript(audio):
+            time.sleep(next(slow_first, 0.0))  # only the first: the pause's speculation
+            return f"A question of {len(audio) // 16_000} seconds."
+
+        SCRIPT.transcript = transcript
+        client = await session(connect, silence_duration_ms=1500)
+        start = len(client.received)
+        await stream(client, np.concatenate([jfk_segment(*WITH_A_PAUSE), silence(1.5)]))
+        await client.until("response.done", timeout=30)
+        await until_idle(client)
+        await client.ws.disconnect()
+        return client.received[start:], list(SCRIPT.requests)
+
+    with_it, asked = await converse_slowly(True)
+    # One reply was started, at the turn's last pause, and used; none on the stale pause.
+    assert (counted("used") + counted("discarded"), counted("discarded")) == (started + 1, discarded)
+    without, asked_without = await converse_slowly(False)
+    assert stable(with_it) == stable(without)
+    assert [r.messages for r in asked] == [r.messages for r in asked_without]  # no LLM call for the stale pause
+
+
 def test_a_reply_is_speculated_on_only_for_a_turn_that_would_be_answered_at_once():
     from types import SimpleNamespace
 

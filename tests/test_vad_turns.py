@@ -197,7 +197,7 @@ def test_the_stt_stage_answers_a_commit_from_its_speculation_only_when_it_matche
     audio = np.zeros(16_000, np.float32)
     stage.handle(ctx, m.Speculate("item_1", audio[:8000], "en"))
     # Nothing reaches the protocol yet: the session alone is told, and may start a reply on it.
-    assert events == [m.Speculated("item_1", "heard 8000 samples", "en")] and stt.calls == [8000]
+    assert events == [m.Speculated("item_1", "heard 8000 samples", "en", 8000)] and stt.calls == [8000]
     stage.handle(ctx, m.Transcribe("item_1", audio, "en", speculated_samples=8000))
     assert stt.calls == [8000] and events[-1].transcript == "heard 8000 samples"
     # The user went on after the pause: the speculation does not match the commit.

@@ -352,14 +352,17 @@ class Speculated(UnitEvent):
     item_id: str
     transcript: str
     language: str | None = None
+    samples: int = 0  # the pause it was made at: how much of the item's audio it heard (16 kHz)
 
 
 @dataclass
 class SpeechResumed(UnitEvent):
     """Speech went on after the pause its speculation was made at: that speculation, and any
-    reply to it, is of no use."""
+    reply to it, is of no use. ``samples``: that pause, as in ``Speculated``; the STT's
+    ``Speculated`` for it may still be on its way."""
 
     item_id: str
+    samples: int = 0
 
 
 @dataclass

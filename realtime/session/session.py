@@ -108,6 +108,7 @@ class RealtimeSession:
         self._turn_language = None  # of the latest user turn: the next reply's language
         self.response = None  # the active Response
         self._speculation = None  # a speculative reply to the speech in progress (Speculation)
+        self._resumed_pause = None  # (item_id, samples) of the last pause speech went on after
         self._speculative_replies = defaults.speculative_replies
         # The session row's counters (pool.models.Session), reported when the session ends.
         self.stats = {"turns": 0, "responses": 0, "completed_responses": 0, "cancelled_responses": 0,
@@ -477,6 +478,8 @@ class RealtimeSession:
         runs out, on cores no other reply needs. The commit adopts it if it ends with the same
         words (``create_response``); anything else discards it without a trace."""
         self._drop_speculation()
+        if (event.item_id, event.samples) == self._resumed_pause:
+            return  # speech went on while the STT transcribed this pause: no reply can be for it
         if not self._speculative_replies or not self.turns.may_speculate(event.item_id, event.transcript):
             return
         language = event.language if len(self._speaks["transcription_languages"]) > 1 else None
@@ -491,6 +494,7 @@ class RealtimeSession:
             self._speculation = Speculation(event.item_id, job, params["format"])
 
     def _on_speech_resumed(self, event):
+        self._resumed_pause = (event.item_id, event.samples)
         if self._speculation is not None and self._speculation.item_id == event.item_id:
             self._drop_speculation()
 

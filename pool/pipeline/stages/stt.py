@@ -80,7 +80,7 @@ class STTStage(Stage):
                 return
             self._speculation = (msg.item_id, len(msg.audio), transcript, seconds, language)
             if transcript:
-                ctx.emit(m.Speculated(msg.item_id, transcript, language))  # a reply may be started on it
+                ctx.emit(m.Speculated(msg.item_id, transcript, language, len(msg.audio)))  # a reply may start on it
             return
         try:
             (transcript, language), seconds = self._transcribe(msg)

@@ -311,7 +311,7 @@ class VADStage(Stage):
             speech.silence += VAD_WINDOW_SAMPLES
         else:
             if speech.speculated is not None:  # what was speculated on at the pause is not the turn
-                ctx.emit(m.SpeechResumed(speech.item_id))
+                ctx.emit(m.SpeechResumed(speech.item_id, speech.speculated))
             speech.silence, speech.asked, speech.speculated, speech.pause_peeked = 0, False, None, False
         if not speech.announced:
             if speech.silence * 1000 >= MIN_SPEECH_MS * SPEECH_RATE:
