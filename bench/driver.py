@@ -19,9 +19,11 @@ async def converse(url, recording, session=None, trailing_silence_s=3.0, quiet_s
                    realtime=True):
     """Stream ``recording`` to ``url`` (ws://.../v1/realtime) paced in real time, then silence.
 
-    Returns ``{"start": t0, "events": [(t, event), ...]}`` once every response is done and the
-    server has been quiet for ``quiet_s``. ``t0`` is when the first audio chunk was sent, so an
-    audio position p (seconds) was sent at about ``t0 + p``.
+    Returns ``{"start": t0, "events": [(t, event), ...]}`` once every response is done, every
+    committed turn with words has had a response created after it, and the server has been quiet
+    for ``quiet_s``; or at ``timeout_s``. ``t0`` is when the first audio chunk was sent, so an
+    audio position p (seconds) was sent at about ``t0 + p``. (A loaded server may take longer
+    than ``quiet_s`` between a commit and its reply: ending then would count only the fast turns.)
     """
     audio = np.concatenate([load_audio(recording), np.zeros(int(trailing_silence_s * 24_000), np.float32)])
     chunks = [base64.b64encode(c).decode() for c in pcm16_chunks(audio)]
@@ -41,22 +43,35 @@ async def converse(url, recording, session=None, trailing_silence_s=3.0, quiet_s
         sender = asyncio.create_task(send())
         deadline = t0 + timeout_s
         open_responses = 0
+        unanswered = set()  # committed items that may still get a reply (no response created since)
+
+        def settled():
+            return sender.done() and open_responses == 0 and not unanswered
+
         while time.perf_counter() < deadline:
-            # Quiet counts once the recording is sent: while it is, look again at least every
-            # 0.5 s (a fast server's last response.done can come before the trailing silence
-            # is sent, and then no event would wake this loop until the deadline).
-            wait = quiet_s if sender.done() and open_responses == 0 else min(0.5, deadline - time.perf_counter())
+            # Quiet counts once the recording is sent and nothing is owed: until then, look again
+            # at least every 0.5 s (a fast server's last response.done can come before the
+            # trailing silence is sent, and then no event would wake this loop until the deadline).
+            wait = quiet_s if settled() else min(0.5, deadline - time.perf_counter())
             try:
                 message = await asyncio.wait_for(ws.recv(), wait)
             except asyncio.TimeoutError:
-                if sender.done() and open_responses == 0:
+                if settled():
                     break
                 continue
             event = json.loads(message)
             events.append((time.perf_counter(), event))
-            if event["type"] == "response.created":
+            kind = event["type"]
+            if kind == "input_audio_buffer.committed":
+                unanswered.add(event["item_id"])
+            elif kind in ("conversation.item.input_audio_transcription.completed",
+                          "conversation.item.input_audio_transcription.failed"):
+                if not event.get("transcript", "").strip():
+                    unanswered.discard(event["item_id"])  # no words: the server answers nothing
+            elif kind == "response.created":
                 open_responses += 1
-            elif event["type"] == "response.done":
+                unanswered.clear()  # a reply answers every turn before it
+            elif kind == "response.done":
                 open_responses -= 1
         sender.cancel()
     return {"start": t0, "events": events}
