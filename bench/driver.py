@@ -77,15 +77,34 @@ async def converse(url, recording, session=None, trailing_silence_s=3.0, quiet_s
     return {"start": t0, "events": events}
 
 
-def turns(conversation):
+def turns(conversation, unfinished=False):
     """Completed responses of a conversation with the client-side marks of the turn they answer:
     milliseconds from the end of the user's speech (server-reported ``audio_end_ms``) to each
     event; and ``playback_stall``: the silence (ms) a listener playing the reply's audio in real
-    time from its first delta hears while waiting for the next one."""
+    time from its first delta hears while waiting for the next one (to the last delta received).
+    ``unfinished``: also the responses that sent audio but had no ``response.done`` when the
+    conversation ended (its deadline), marked ``"completed": False``; an overloaded pool's
+    first audio is then not measured on its fastest replies only."""
     t0, events = conversation["start"], conversation["events"]
     stopped, committed, transcribed = {}, {}, {}
     last_item, created, first_audio, result = None, {}, {}, []
     playback = {}  # response id -> [playhead (s), stall (s)]: its audio played in real time
+    ended = set()
+
+    def row(response_id, completed):
+        t_created, item = created[response_id]
+        if item not in stopped or response_id not in first_audio:
+            return
+        end_of_speech = t0 + stopped[item][1] / 1000
+
+        def ms(t):
+            return round((t - end_of_speech) * 1000, 1)
+
+        result.append({"response": response_id, "speech_stopped": ms(stopped[item][0]),
+                       "committed": ms(committed[item]), "transcript": ms(transcribed[item]),
+                       "response_created": ms(t_created), "first_audio": ms(first_audio[response_id]),
+                       "playback_stall": round(playback[response_id][1] * 1000, 1), "completed": completed})
+
     for t, event in events:
         kind = event["type"]
         if kind == "input_audio_buffer.speech_stopped":
@@ -104,20 +123,14 @@ def turns(conversation):
                 play[1] += t - play[0]
                 play[0] = t
             play[0] += len(base64.b64decode(event["delta"])) / PCM16_BYTES_PER_SECOND
-        elif kind == "response.done" and event["response"]["status"] == "completed":
-            response_id = event["response"]["id"]
-            t_created, item = created[response_id]
-            if item not in stopped or response_id not in first_audio:
-                continue
-            end_of_speech = t0 + stopped[item][1] / 1000
-
-            def ms(t, end_of_speech=end_of_speech):
-                return round((t - end_of_speech) * 1000, 1)
-
-            result.append({"response": response_id, "speech_stopped": ms(stopped[item][0]),
-                           "committed": ms(committed[item]), "transcript": ms(transcribed[item]),
-                           "response_created": ms(t_created), "first_audio": ms(first_audio[response_id]),
-                           "playback_stall": round(playback[response_id][1] * 1000, 1)})
+        elif kind == "response.done":
+            ended.add(event["response"]["id"])
+            if event["response"]["status"] == "completed":
+                row(event["response"]["id"], True)
+    if unfinished:
+        for response_id in created:
+            if response_id not in ended:
+                row(response_id, False)
     return result
 
 

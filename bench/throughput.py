@@ -13,6 +13,7 @@ deadline first).
 
 import argparse
 import asyncio
+import collections
 
 from .common import RECORDINGS, emit, start_server, stats
 from .driver import converse, turns
@@ -21,20 +22,41 @@ SESSION = {"audio": {"input": {"turn_detection": {"interrupt_response": False}}}
 STALL_MS = 300  # a gap a listener notices (the issue's target: none longer in any reply)
 
 
+def outcomes(conversation):
+    """How each response of a conversation ended: its ``response.done`` status (with the reason
+    of a cancelled or incomplete one), or "unfinished" (no ``response.done`` by the client's
+    deadline). The figures above count completed replies only; this says what they leave out."""
+    ended, created = collections.Counter(), set()
+    for _, event in conversation["events"]:
+        if event["type"] == "response.created":
+            created.add(event["response"]["id"])
+        elif event["type"] == "response.done":
+            created.discard(event["response"]["id"])
+            response = event["response"]
+            reason = ((response.get("status_details") or {}).get("reason"))
+            ended[response["status"] + (f": {reason}" if reason and response["status"] != "completed" else "")] += 1
+    ended["unfinished"] += len(created)
+    return ended
+
+
 async def everyone(server, pool, rounds):
     names = ["hotwords", "stereo"]
-    rows = []
+    rows, replies = [], collections.Counter()
     for r in range(rounds):  # each round, every client says the same recording at the same moment
         conversations = await asyncio.gather(*(converse(f"{server.base_url}/realtime", RECORDINGS[names[r % 2]],
                                                         SESSION) for _ in range(pool)))
-        rows += [row for conversation in conversations for row in turns(conversation)]
-    return rows
+        rows += [row for conversation in conversations for row in turns(conversation, unfinished=True)]
+        for conversation in conversations:
+            replies += outcomes(conversation)
+    return rows, replies
 
 
 def run(server, pool, rounds):
-    rows = asyncio.run(everyone(server, pool, rounds))
+    rows, replies = asyncio.run(everyone(server, pool, rounds))
     stalls = [r["playback_stall"] for r in rows]
-    return {"pool_size": pool, "turns": len(rows), "first_audio_ms": stats([r["first_audio"] for r in rows]),
+    return {"pool_size": pool, "turns": len(rows), "unfinished": sum(not r["completed"] for r in rows),
+            "replies": dict(replies),
+            "first_audio_ms": stats([r["first_audio"] for r in rows]),
             "transcript_ms": stats([r["transcript"] for r in rows]), "playback_stall_ms": stats(stalls),
             f"replies_with_stall_over_{STALL_MS}_ms": sum(s > STALL_MS for s in stalls)}
 
