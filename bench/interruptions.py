@@ -52,6 +52,7 @@ PLAYED_BEFORE_S = 1.0  # the utterance starts once the client has played this mu
 AFTER_S = 2.5  # how long the case goes on after the utterance (or, for echo alone, its 4 s)
 ECHO_ALONE_S = 4.0
 CANCEL_WITHIN_S = 1.0
+POOL_FULL_RETRIES = 60  # a case that finds the pool full tries again every 0.5 s, this often
 INSTRUCTIONS = "You are a storyteller. Tell a long story of at least ten sentences, whatever the user says."
 ASK = "Tell me a long story about a lighthouse keeper and a storm."
 
@@ -152,13 +153,17 @@ class Microphone:
 class WebSocketConnection:
     """A connection as ``run_case`` uses it, over ``websockets``: ``send(dict)``, ``recv() -> dict``."""
 
-    def __init__(self, ws):
+    def __init__(self, ws, first=None):
         self.ws = ws
+        self._first = first  # an event already received, given back by the first recv()
 
     async def send(self, event):
         await self.ws.send(json.dumps(event))
 
     async def recv(self):
+        if self._first is not None:
+            event, self._first = self._first, None
+            return event
         return json.loads(await self.ws.recv())
 
 
@@ -368,8 +373,16 @@ async def run_all(url, chosen, renderer, parallel):
                     return
                 case = pending.pop(0)
             try:
-                async with websockets.connect(url, max_size=None) as ws:
-                    rows.append(await run_case(WebSocketConnection(ws), case, renderer))
+                for _attempt in range(POOL_FULL_RETRIES):
+                    async with websockets.connect(url, max_size=None) as ws:
+                        first = json.loads(await ws.recv())
+                        # The pool is full while the unit of this worker's last case drains.
+                        if first.get("type") != "error" or first["error"].get("code") != "session_limit_reached":
+                            rows.append(await run_case(WebSocketConnection(ws, first), case, renderer))
+                            break
+                    await asyncio.sleep(0.5)
+                else:
+                    rows.append({"id": case.id, "valid": False, "error": "session_limit_reached"})
             except (OSError, websockets.WebSocketException) as exc:
                 rows.append({"id": case.id, "valid": False, "error": repr(exc)})
 
