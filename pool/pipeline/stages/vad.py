@@ -51,6 +51,9 @@ ECHO_PROBE_S = 0.25  # while the client plays and no echo is known, listen for i
 # run on a voice, AEC3 takes its words away (an e2e "Wait, stop, ..." was removed as echo after
 # one chance match of a "Yeah").
 ECHO_DELAY_AGREE_MS = 30
+ECHO_MATCHES_S = 3.0  # weak matches older than this confirm nothing
+ECHO_AGREED_SIMILARITY = 0.15  # enough at the delay of a weak match (within ECHO_AGREED_DELAY_MS)
+ECHO_AGREED_DELAY_MS = 50
 
 
 @dataclass
@@ -90,7 +93,7 @@ class _Input:
     clock: float | None = None  # time.monotonic() at which the input so far was captured (about)
     raw: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # the last ECHO_CHECK_MS as captured
     echo_found: bool = False  # the microphone hears the client's playback: cancel it
-    echo_match: tuple | None = None  # (delay, end): how late (s) a match of the playback came back, and when
+    echo_matches: list = field(default_factory=list)  # (delay, end): how late (s) weak matches of the playback came back, and when
     probe_in: float = 0.0  # seconds of playback until the next listen for its echo
     echo: list | None = None  # [first ms, last ms] of the echo being removed, or None
 
@@ -237,29 +240,40 @@ class VADStage(Stage):
 
     def _hears_playback(self, ctx, end):
         """Whether the microphone's last ECHO_CHECK_MS, captured up to ``end`` (monotonic
-        seconds), is the client's playback, up to ECHO_DELAY_MS late (about 1 ms of FFT). A
-        match of ECHO_SURE_SIMILARITY finds the echo; a weaker one at the delay of an earlier one (within ECHO_DELAY_AGREE_MS) on audio of its own
-        (ECHO_CHECK_MS later: the checks overlap, and one stretch of voice must not confirm
-        itself) finds the echo: the canceller runs from then on (``echo_found``)."""
+        seconds), is the client's playback, up to ECHO_DELAY_MS late (about 1 ms of FFT): a
+        match of ECHO_SIMILARITY, or of ECHO_AGREED_SIMILARITY at the delay of a match of the
+        last ECHO_MATCHES_S (within ECHO_AGREED_DELAY_MS). A match of ECHO_SURE_SIMILARITY finds
+        the echo; so does a weaker one at the delay of an earlier one (within
+        ECHO_DELAY_AGREE_MS) on audio of its own (ECHO_CHECK_MS later: the checks overlap, and
+        one stretch of voice must not confirm itself): the canceller runs from then on
+        (``echo_found``)."""
         state, heard = self._in, self._in.raw
         if not len(heard) or float(np.sqrt(np.mean(heard ** 2))) < SOUND_RMS:
-            return False
+            # Near silence: nothing to compare; once the echo is known, what the VAD took for
+            # speech in it is the echo's remains while the canceller learns the room.
+            return state.echo_found
         # Delays from -ECHO_LEAD_MS (the input's clock may run a little ahead of the capture)
         # up to ECHO_DELAY_MS.
         span = len(heard) + (ECHO_DELAY_MS + ECHO_LEAD_MS) * SPEECH_RATE // 1000
         reference = ctx.playback.reference(end + ECHO_LEAD_MS / 1000 - span / SPEECH_RATE, span)
         score, offset = best_match(heard, reference)
-        if score < ECHO_SIMILARITY:
-            return False
         if score >= ECHO_SURE_SIMILARITY:
             state.echo_found = True
             return True
         delay = (span - offset - len(heard)) / SPEECH_RATE - ECHO_LEAD_MS / 1000
-        if state.echo_match is not None and abs(delay - state.echo_match[0]) * 1000 <= ECHO_DELAY_AGREE_MS:
-            if (end - state.echo_match[1]) * 1000 >= ECHO_CHECK_MS:
-                state.echo_found = True
-            return True  # the earlier match stays: a later one on audio of its own confirms it
-        state.echo_match = (delay, end)
+        # Every weak match of the last ECHO_MATCHES_S is kept: the delay a reverberant echo is
+        # found at wanders by tens of ms, and a stray one must not displace those it agrees with.
+        state.echo_matches = [(d, e) for d, e in state.echo_matches if end - e <= ECHO_MATCHES_S]
+        if score < ECHO_SIMILARITY:
+            # A faint echo through a room scores about ECHO_SIMILARITY, now above, now below; at
+            # the delay of a weak match, a little less is still the echo.
+            if score < ECHO_AGREED_SIMILARITY or not any(abs(delay - d) * 1000 <= ECHO_AGREED_DELAY_MS
+                                                         for d, _ in state.echo_matches):
+                return False
+        if any(abs(delay - d) * 1000 <= ECHO_DELAY_AGREE_MS and (end - e) * 1000 >= ECHO_CHECK_MS
+               for d, e in state.echo_matches):
+            state.echo_found = True
+        state.echo_matches.append((delay, end))
         return True
 
     def _echo_heard(self, ctx, removed):
