@@ -155,6 +155,32 @@ def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backen
     assert [(e.item_id, e.transcript) for e in events if isinstance(e, m.SpeechPeeked)] == [("item_gone", "")]
 
 
+def test_speech_that_peeks_judge_is_not_speculated_on(backends):
+    """A speculation waits in the compute queue behind the reply's synthesis, and the STT thread
+    with it: a peek at speech over the assistant (it decides whether the reply stops) queued
+    behind it waited 2.2 s in an e2e run. Speech asked to be peeked at is transcribed by its
+    peeks and at its commit, not at its pauses; other speech still is."""
+    stt_inbox = queue.Queue()
+    stage = VADStage(backends, stt_inbox)
+    events = []
+    ctx = m.SessionContext(events.append)
+    stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}),
+                                       m.TurnDetection(0.5, 300, 500), "en"))
+    peeked = set()
+    for append in speech_appends(JFK, silence_s=1.0):
+        stage.handle(ctx, m.AppendInput(append["audio"]))
+        started = [e.item_id for e in events if isinstance(e, m.SpeechStarted)]
+        if len(started) == 1 and not peeked:  # the first turn only is over the assistant
+            stage.handle(ctx, m.PeekInput(started[0], 300))
+            peeked.add(started[0])
+    work = [msg for _, msg in list(stt_inbox.queue)]
+    turns = [w.item_id for w in work if isinstance(w, m.Transcribe)]
+    speculated = {w.item_id for w in work if isinstance(w, m.Speculate)}
+    assert len(turns) >= 2 and turns[0] in peeked  # jfk.flac pauses 500 ms and more between turns
+    assert turns[0] not in speculated and set(turns[1:]) <= speculated
+    assert any(isinstance(w, m.Peek) and w.item_id == turns[0] for w in work)
+
+
 def test_each_turn_is_transcribed_at_its_first_pause_and_the_commit_reuses_it(backends):
     """server_vad, 500 ms: the speech so far goes to the STT at 200 ms of every pause; a pause
     that becomes the end of the turn commits with nothing but silence after it."""

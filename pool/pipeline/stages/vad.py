@@ -69,6 +69,7 @@ class _Speech:
     asked: bool = False  # the end-of-turn model was asked about the current pause
     speculated: int | None = None  # samples of it transcribed at the current pause
     peek: tuple | None = None  # (voiced samples, prompt, phrases) of the peek asked for
+    peeked: bool = False  # peeks were asked for: speech over the assistant, being judged
     pause_peeked: bool = False  # the current pause was peeked at
 
 
@@ -347,10 +348,13 @@ class VADStage(Stage):
     def _maybe_speculate(self, ctx, td):
         """Early in a pause (SPECULATE_MS, shorter than the turn's silence), transcribe the
         speech so far: the STT keeps the result for the commit, which reuses it when nothing but
-        silence came between."""
+        silence came between. Not for speech that peeks judge (over the assistant): the STT
+        thread waits for a speculation in the compute queue, behind the reply's synthesis, and
+        the next peek, which decides whether the reply stops, would wait behind it (an e2e
+        "Wait." over a story waited 2.2 s for its second peek)."""
         speech = self._in.speech
         at_ms = min(SPECULATE_MS, td.check_ms // 2) if td.check_ms else SPECULATE_MS
-        if (speech.speculated is not None or td.silence_ms <= at_ms
+        if (speech.speculated is not None or speech.peeked or td.silence_ms <= at_ms
                 or speech.silence * 1000 < at_ms * SPEECH_RATE):
             return
         audio = self._in.audio()
@@ -373,6 +377,7 @@ class VADStage(Stage):
         state = self._in
         if state.speech is not None and msg.item_id == state.speech.item_id:
             state.speech.peek = (msg.after_ms * SPEECH_RATE // 1000, msg.prompt, msg.phrases)
+            state.speech.peeked = True
             self._maybe_peek(ctx)
         elif state.last is not None and msg.item_id == state.last[0]:
             item_id, audio, voiced = state.last
