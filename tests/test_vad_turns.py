@@ -130,13 +130,21 @@ def test_semantic_vad_without_an_end_of_turn_model_ends_turns_on_the_fallback_si
     assert turn == ["SpeechStarted", "SpeechStopped", "InputCommitted"]
 
 
-def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backends):
+def server_vad_stage(backends):
+    """``(stage, ctx, events, stt_inbox)``: a VAD stage with the default server_vad (threshold
+    0.5, 300 ms prefix padding, 500 ms silence) on 24 kHz PCM16; ``events`` gets what it emits,
+    ``stt_inbox`` what it hands the STT."""
     stt_inbox = queue.Queue()
     stage = VADStage(backends, stt_inbox)
     events = []
     ctx = m.SessionContext(events.append)
     stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}),
                                        m.TurnDetection(0.5, 300, 500), "en"))
+    return stage, ctx, events, stt_inbox
+
+
+def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backends):
+    stage, ctx, events, stt_inbox = server_vad_stage(backends)
     peeked = False
     for append in speech_appends(JFK, silence_s=1.0):
         stage.handle(ctx, m.AppendInput(append["audio"]))
@@ -160,12 +168,7 @@ def test_speech_that_peeks_judge_is_not_speculated_on(backends):
     with it: a peek at speech over the assistant (it decides whether the reply stops) queued
     behind it waited 2.2 s in an e2e run. Speech asked to be peeked at is transcribed by its
     peeks and at its commit, not at its pauses; other speech still is."""
-    stt_inbox = queue.Queue()
-    stage = VADStage(backends, stt_inbox)
-    events = []
-    ctx = m.SessionContext(events.append)
-    stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": 24000}),
-                                       m.TurnDetection(0.5, 300, 500), "en"))
+    stage, ctx, events, stt_inbox = server_vad_stage(backends)
     peeked = set()
     for append in speech_appends(JFK, silence_s=1.0):
         stage.handle(ctx, m.AppendInput(append["audio"]))
