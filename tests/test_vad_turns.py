@@ -2,6 +2,8 @@
 
 import base64
 import queue
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -218,6 +220,13 @@ class CountingSTT:
         return f"heard {len(audio)} samples"
 
 
+def wait_for(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return condition()
+
+
 def test_the_stt_stage_answers_a_commit_from_its_speculation_only_when_it_matches():
     stt = CountingSTT()
     stage = STTStage(Backends(None, stt, None, None))
@@ -226,9 +235,10 @@ def test_the_stt_stage_answers_a_commit_from_its_speculation_only_when_it_matche
     audio = np.zeros(16_000, np.float32)
     stage.handle(ctx, m.Speculate("item_1", audio[:8000], "en"))
     # Nothing reaches the protocol yet: the session alone is told, and may start a reply on it.
+    assert wait_for(lambda: events)
     assert events == [m.Speculated("item_1", "heard 8000 samples", "en", 8000)] and stt.calls == [8000]
     stage.handle(ctx, m.Transcribe("item_1", audio, "en", speculated_samples=8000))
-    assert stt.calls == [8000] and events[-1].transcript == "heard 8000 samples"
+    assert stt.calls == [8000] and events[-1].transcript == "heard 8000 samples" and events[-1].speculative
     # The user went on after the pause: the speculation does not match the commit.
     stage.handle(ctx, m.Speculate("item_2", audio[:4000], "en"))
     stage.handle(ctx, m.Transcribe("item_2", audio, "en", speculated_samples=None))
@@ -238,6 +248,84 @@ def test_the_stt_stage_answers_a_commit_from_its_speculation_only_when_it_matche
     stage.end_session()
     stage.handle(ctx, m.Transcribe("item_3", audio, "en", speculated_samples=4000))
     assert events[-1].transcript == "heard 16000 samples"
+
+
+class PeekingSTT(CountingSTT):
+    def hear(self, audio, language=None, prompt=None, phrases=()):
+        return f"peeked {len(audio)} samples", None
+
+
+def stt_thread(stage, ctx):
+    """The STT stage on a thread of its own, as in a unit: put messages into the inbox returned."""
+    inbox = queue.Queue()
+
+    def run():
+        while (msg := inbox.get()) is not None:
+            stage.handle(ctx, msg)
+
+    threading.Thread(target=run, daemon=True).start()
+    return inbox
+
+
+def test_a_speculation_waiting_in_the_compute_queue_holds_up_no_peek_and_no_commit():
+    """A speculation is due later than other units' synthesis and waits behind it in the compute
+    queue; the STT thread does not wait with it (a peek queued behind one waited 2.0-2.2 s in an
+    e2e run). A peek is answered at once; a commit the user spoke past the pause for takes the
+    stale speculation out of the queue; a commit that matches waits for its speculation, which the
+    session hears of before the transcript."""
+    stt = PeekingSTT()
+    stage = STTStage(Backends(None, stt, None, None))
+    events = []
+    ctx = m.SessionContext(events.append)
+    audio = np.zeros(16_000, np.float32)
+    synthesis, busy = threading.Event(), threading.Event()
+    stage._queue.submit(0.0, lambda: (busy.set(), synthesis.wait(10)))  # another unit's phrase
+    assert busy.wait(5)
+    inbox = stt_thread(stage, ctx)
+    inbox.put(m.Speculate("item_1", audio[:4000], "en"))
+    inbox.put(m.Peek("item_1", audio[:4800], "en", None, 300))
+    assert wait_for(lambda: events, timeout=2.0)
+    assert events == [m.SpeechPeeked("item_1", "peeked 4800 samples", 300, None, False)]
+    stale = stage._speculation.future
+    inbox.put(m.Transcribe("item_1", audio, "en", speculated_samples=None))  # speech went on
+    assert wait_for(lambda: stale.cancelled() and stage._queue.pending() == 1)  # the commit's alone waits
+    synthesis.set()
+    assert wait_for(lambda: len(events) == 2)
+    inbox.put(m.Speculate("item_2", audio[:8000], "en"))
+    assert wait_for(lambda: len(events) == 3)
+    inbox.put(m.Transcribe("item_2", audio[:9600], "en", speculated_samples=8000))
+    assert wait_for(lambda: len(events) == 4)
+    assert stt.calls == [16_000, 8000]  # the stale speculation never ran
+    assert [(type(e).__name__, e.item_id, e.transcript, getattr(e, "speculative", None)) for e in events[1:]] == [
+        ("Transcribed", "item_1", "heard 16000 samples", False),
+        ("Speculated", "item_2", "heard 8000 samples", None),
+        ("Transcribed", "item_2", "heard 8000 samples", True),
+    ]
+    inbox.put(None)
+
+
+def test_a_commit_that_comes_while_its_speculation_waits_makes_it_due_now_and_it_is_not_announced():
+    stt = PeekingSTT()
+    stage = STTStage(Backends(None, stt, None, None))
+    events, ran = [], []
+    ctx = m.SessionContext(events.append)
+    audio = np.zeros(16_000, np.float32)
+    synthesis, busy = threading.Event(), threading.Event()
+    stage._queue.submit(0.0, lambda: (busy.set(), synthesis.wait(10)))
+    assert busy.wait(5)
+    inbox = stt_thread(stage, ctx)
+    inbox.put(m.Speculate("item_1", audio[:8000], "en"))
+    assert wait_for(lambda: stage._queue.pending() == 1)
+    # Another unit's later phrase, due before the speculation (SPECULATION_SLACK_S) but not now.
+    stage._queue.submit(time.perf_counter() + 0.1, lambda: ran.append(list(stt.calls)))
+    inbox.put(m.Transcribe("item_1", audio[:9600], "en", speculated_samples=8000))
+    assert wait_for(lambda: stage._speculation is None)  # the commit took it, and waits for it
+    synthesis.set()
+    assert wait_for(lambda: events and ran)
+    assert ran == [[8000]]  # the speculation ran first: its commit made it due now
+    assert [(type(e).__name__, e.transcript, e.speculative) for e in events] == [
+        ("Transcribed", "heard 8000 samples", True)]
+    inbox.put(None)
 
 
 def test_semantic_vad_speculates_before_its_end_of_turn_check(backends):

@@ -1,6 +1,8 @@
 """The STT stage: transcripts of committed items, peeks at speech in progress, speculation."""
 
+import threading
 import time
+from dataclasses import dataclass
 
 from pool import metrics
 from pool.backends.base import SPEECH_RATE
@@ -14,6 +16,19 @@ from pool.pipeline.stages.base import Stage
 SPECULATION_SLACK_S = 0.3
 
 
+@dataclass(eq=False)
+class _Speculation:
+    """A Speculate in the compute queue or done: ``samples`` of item ``item_id`` heard,
+    ``due``: its deadline (``time.perf_counter()`` seconds; now, once its commit waits for it),
+    ``future``: its ``((transcript, language), seconds)``."""
+
+    item_id: str
+    samples: int
+    due: float
+    future: object = None
+    used: bool = False  # a commit took it, and waits for it
+
+
 class STTStage(Stage):
     """Transcribes committed items (every item gets Transcribed or TranscriptionFailed), peeks
     at speech still in progress (SpeechPeeked, or nothing when the peek fails), and transcribes
@@ -22,7 +37,10 @@ class STTStage(Stage):
 
     Transcriptions of turns run in the process's deadline-first compute queue
     (``pool.pipeline.compute``): a commit's is due now, a speculation's SPECULATION_SLACK_S later.
-    A peek runs at once, beside the queue.
+    A peek runs at once, beside the queue. The stage waits for a commit's transcript, never for a
+    speculation's: a speculation behind other units' synthesis must not hold up a peek or
+    another item's commit (a peek behind one waited 2.0-2.2 s in an e2e run). Its Speculated is
+    emitted from the compute worker when it is done, unless the commit took it first.
     """
 
     name = "stt"
@@ -30,26 +48,66 @@ class STTStage(Stage):
     def __init__(self, backends):
         self._stt = backends.stt
         self._queue = queue_of(backends, get_config()["COMPUTE_RUNS_AT_ONCE"])
-        self._speculation = None  # (item id, samples, transcript, seconds) of the last Speculate
+        self._speculation = None  # the last Speculate's _Speculation, until a commit takes it
+        self._lock = threading.Lock()  # orders a speculation's Speculated before its commit's Transcribed
 
     def end_session(self):
-        self._speculation = None
+        self._drop(self._take())
 
-    def _run(self, due_in, fn, *args, **kwargs):
-        """``(fn(*args, **kwargs), its compute seconds)``, run in the compute queue, due
-        ``due_in`` seconds from now. Raises what ``fn`` raises."""
-        future = self._queue.submit(time.perf_counter() + due_in, fn, *args, **kwargs)
-        return self._queue.result(future), future.compute_seconds
+    def stop(self):
+        self.end_session()
 
-    def _transcribe(self, msg, due_in=0.0):
-        """``((transcript, language), compute seconds)`` of ``msg.audio``, with the session's
-        prompt. An STT backend without ``transcribe_detect`` (one written before it) hears the
-        session's language, or None."""
+    def _submit(self, due, msg):
+        """The Future of ``((transcript, language), compute seconds)`` of ``msg.audio`` with the
+        session's prompt, run in the compute queue, due at ``due`` (a perf_counter time or a
+        callable returning one). An STT backend without ``transcribe_detect`` (one written
+        before it) hears the session's language, or None."""
         detect = getattr(self._stt, "transcribe_detect", None)
         if detect is None:
-            transcript, seconds = self._run(due_in, self._stt.transcribe, msg.audio, msg.language, prompt=msg.prompt)
-            return (transcript, msg.language), seconds
-        return self._run(due_in, detect, msg.audio, msg.language, prompt=msg.prompt)
+            def detect(audio, language, prompt):
+                return self._stt.transcribe(audio, language, prompt=prompt), language
+        return self._queue.submit(due, detect, msg.audio, msg.language, prompt=msg.prompt)
+
+    def _result(self, future):
+        """``((transcript, language), compute seconds)`` of a submitted transcription. Raises
+        what the model raised (CancelledError if it was dropped)."""
+        return self._queue.result(future), future.compute_seconds
+
+    def _take(self, commit=None):
+        """The pending speculation, no longer pending: its Speculated is not emitted after this.
+        If it is the one ``commit`` (a Transcribe) can use, it is due now: the commit waits for it."""
+        with self._lock:
+            speculation, self._speculation = self._speculation, None
+            if speculation and commit and (speculation.item_id, speculation.samples) == (
+                    commit.item_id, commit.speculated_samples):
+                speculation.due = time.perf_counter()
+                speculation.used = True
+        return speculation
+
+    @staticmethod
+    def _drop(speculation):
+        """A speculation of no use: out of the queue at once if it has not started."""
+        if speculation is not None:
+            speculation.future.cancel()
+            metrics.SPECULATIONS.labels(metrics.PROCESS, "discarded").inc()
+
+    def _speculated(self, ctx, speculation, future):
+        """A speculation is done (on the compute worker): the session is told, unless a commit,
+        another speculation or the session's end came first."""
+        if future.cancelled() or future.exception() is not None:
+            return  # a failed one: the commit transcribes again and reports it
+        (transcript, language) = future.result()
+        with self._lock:
+            if self._speculation is speculation and transcript:
+                ctx.emit(m.Speculated(speculation.item_id, transcript, language, speculation.samples))
+
+    def _speculate(self, ctx, msg):
+        speculation = _Speculation(msg.item_id, len(msg.audio), time.perf_counter() + SPECULATION_SLACK_S)
+        speculation.future = self._submit(lambda: speculation.due, msg)
+        with self._lock:
+            self._speculation = speculation
+        # Added after it is pending: a speculation done at once is announced from here.
+        speculation.future.add_done_callback(lambda future: self._speculated(ctx, speculation, future))
 
     def handle(self, ctx, msg):
         if isinstance(msg, m.Peek):
@@ -65,25 +123,24 @@ class STTStage(Stage):
                 transcript, likeness = "", None
             ctx.emit(m.SpeechPeeked(msg.item_id, transcript, msg.voiced_ms, likeness, msg.final))
             return
-        speculation, self._speculation = self._speculation, None
-        if speculation and isinstance(msg, m.Transcribe) and speculation[:2] == (msg.item_id, msg.speculated_samples):
-            metrics.SPECULATIONS.labels(metrics.PROCESS, "used").inc()
-            ctx.emit(m.Transcribed(msg.item_id, speculation[2], len(msg.audio) / SPEECH_RATE, speculation[3],
-                                   speculative=True, language=speculation[4]))
-            return
-        if speculation:  # the user went on speaking after the pause: the work is thrown away
-            metrics.SPECULATIONS.labels(metrics.PROCESS, "discarded").inc()
-        if isinstance(msg, m.Speculate):
+        speculation = self._take(msg if isinstance(msg, m.Transcribe) else None)
+        if speculation and speculation.used:
             try:
-                (transcript, language), seconds = self._transcribe(msg, SPECULATION_SLACK_S)
-            except Exception:  # noqa: BLE001 - the commit transcribes again and reports it
+                (transcript, language), seconds = self._result(speculation.future)
+            except Exception:  # noqa: BLE001 - transcribed again below; a real failure shows there
+                metrics.SPECULATIONS.labels(metrics.PROCESS, "discarded").inc()
+            else:
+                metrics.SPECULATIONS.labels(metrics.PROCESS, "used").inc()
+                ctx.emit(m.Transcribed(msg.item_id, transcript, len(msg.audio) / SPEECH_RATE, seconds,
+                                       speculative=True, language=language))
                 return
-            self._speculation = (msg.item_id, len(msg.audio), transcript, seconds, language)
-            if transcript:
-                ctx.emit(m.Speculated(msg.item_id, transcript, language, len(msg.audio)))  # a reply may start on it
+        else:  # the user went on speaking after the pause (or a new pause): the work is thrown away
+            self._drop(speculation)
+        if isinstance(msg, m.Speculate):
+            self._speculate(ctx, msg)
             return
         try:
-            (transcript, language), seconds = self._transcribe(msg)
+            (transcript, language), seconds = self._result(self._submit(time.perf_counter(), msg))
         except Exception as exc:  # noqa: BLE001 - any model failure fails the item, not the thread
             ctx.emit(m.TranscriptionFailed(msg.item_id, f"{type(exc).__name__}: {exc}"))
             return
