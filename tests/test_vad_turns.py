@@ -166,10 +166,9 @@ def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backen
 
 
 def test_speech_that_peeks_judge_is_not_speculated_on(backends):
-    """A speculation waits in the compute queue behind the reply's synthesis, and the STT thread
-    with it: a peek at speech over the assistant (it decides whether the reply stops) queued
-    behind it waited 2.2 s in an e2e run. Speech asked to be peeked at is transcribed by its
-    peeks and at its commit, not at its pauses; other speech still is."""
+    """Speech asked to be peeked at (over the assistant) is transcribed by its peeks and at its
+    commit, not at its pauses, so that its peeks have the cores (``VADStage._maybe_speculate``);
+    other speech still is."""
     stage, ctx, events, stt_inbox = server_vad_stage(backends)
     peeked = set()
     for append in speech_appends(JFK, silence_s=1.0):

@@ -348,10 +348,10 @@ class VADStage(Stage):
     def _maybe_speculate(self, ctx, td):
         """Early in a pause (SPECULATE_MS, shorter than the turn's silence), transcribe the
         speech so far: the STT keeps the result for the commit, which reuses it when nothing but
-        silence came between. Not for speech that peeks judge (over the assistant): the STT
-        thread waits for a speculation in the compute queue, behind the reply's synthesis, and
-        the next peek, which decides whether the reply stops, would wait behind it (an e2e
-        "Wait." over a story waited 2.2 s for its second peek)."""
+        silence came between. Not for speech that peeks judge (over the assistant): its peeks,
+        which decide whether the reply stops, would share the cores with it. (Added when the STT
+        thread still waited for a speculation, and a peek behind one waited 2.2 s in an e2e run;
+        the STT no longer waits, and a speculation here is not measured since.)"""
         speech = self._in.speech
         at_ms = min(SPECULATE_MS, td.check_ms // 2) if td.check_ms else SPECULATE_MS
         if (speech.speculated is not None or speech.peeked or td.silence_ms <= at_ms
