@@ -95,18 +95,53 @@ def test_an_error_reaches_the_caller_and_the_queue_goes_on():
     assert fine.result(5) == "42" and fine.compute_seconds >= 0
 
 
-def Job(speech_stopped=None, first_audio=None, audio_seconds=0.0):  # noqa: N802 - what due() reads of a job
-    job = m.ResponseJob("resp", None, "audio", "alloy", 1.0, None, audio_seconds=audio_seconds)
-    job.marks = m.Marks(speech_stopped=speech_stopped, tts_first_audio=first_audio)
-    job.played_from = first_audio  # the client plays it from its first audio
+class Clock:
+    """A clock the test sets (perf_counter seconds)."""
+
+    def __init__(self, now=0.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def Job(speech_stopped=None, sent=(), speculative=False):  # noqa: N802 - what due() reads of a job
+    """A reply to speech that stopped at ``speech_stopped``, with ``sent``: (perf_counter time,
+    seconds of audio) sent then, on ``job.clock``."""
+    job = m.ResponseJob("resp", None, "audio", "alloy", 1.0, None, speculative=speculative)
+    job.marks = m.Marks(speech_stopped=speech_stopped)
+    job.clock = job.playout._clock = Clock()
+    for at, seconds in sent:
+        job.clock.now = at
+        job.audio_sent(seconds)
     return job
 
 
 def test_a_first_phrase_is_due_when_the_user_stopped_and_a_later_one_when_the_held_audio_runs_out():
     assert Job(speech_stopped=100.0).due() == 100.0
-    assert Job(speech_stopped=100.0, first_audio=101.0, audio_seconds=2.5).due() == 103.5
+    assert Job(speech_stopped=100.0, sent=[(101.0, 2.5)]).due() == 103.5
+    assert Job(speech_stopped=100.0, sent=[(101.0, 2.5), (102.0, 1.0)]).due() == 104.5
     before, due, after = time.perf_counter(), Job().due(), time.perf_counter()
     assert before <= due <= after  # a response without speech (response.create) is due now
+
+
+def test_a_reply_whose_client_ran_out_of_audio_is_due_when_what_it_got_since_runs_out():
+    """A client plays what arrives after a stall from its arrival: the reply is due when that
+    runs out, not at its first delta plus all the audio sent (in the past after a stall, which
+    put a stalled reply before every user waiting for a first word), and the TTS cuts its next
+    phrase to what the client holds, not to a lead that stays below zero."""
+    stalled = Job(speech_stopped=100.0, sent=[(101.0, 1.0), (110.0, 2.0)])
+    assert stalled.due() == 112.0
+    stalled.clock.now = 111.0
+    assert stalled.held_seconds() == 1.0
+
+
+def test_a_speculative_reply_plays_from_its_adoption():
+    job = Job(speech_stopped=100.0, sent=[(100.3, 1.5)], speculative=True)
+    assert job.due() == WHENEVER and job.held_seconds() is None  # held: the client has nothing
+    job.clock.now = 100.6
+    job.adopt()
+    assert job.due() == 102.1 and job.audio_seconds == 1.5
 
 
 def test_units_share_one_queue_and_a_waiting_users_first_phrase_goes_before_a_later_phrase():
@@ -148,8 +183,7 @@ def test_units_share_one_queue_and_a_waiting_users_first_phrase_goes_before_a_la
 
     now = time.perf_counter()
     a, b, c = job(now - 3), job(now - 1), job(now - 6)
-    c.marks.tts_first_audio = c.played_from = now - 4  # C's client holds half a second of audio
-    c.audio_seconds = 4.5
+    c.audio_sent(0.5)  # C's client holds half a second of audio
     speak(unit_a, a, "A's first phrase")
     assert gate.started.wait(5)
     speak(unit_c, c, "C's second phrase")

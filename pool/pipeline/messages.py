@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from pool.pipeline.compute import WHENEVER
+from pool.pipeline.playback import Playback
 from pool.pipeline.timings import Marks
 
 
@@ -160,7 +161,13 @@ class ResponseJob(UnitInput):
     # (``adopt``) when the turn commits with the same words; until then its work is due never.
     speculative: bool = False
     adopted: threading.Event = field(default_factory=threading.Event)
-    played_from: float | None = None  # perf_counter when the client began to play it
+    # What the client plays of this reply, on the compute queue's clock: each piece after the
+    # last, from when it arrives. A client whose audio ran out (a stall) starts again at the
+    # next piece, so its audio runs out next at that piece's end, not at its first delta plus
+    # all the audio sent (which, after a stall, is in the past and stays there: such a reply
+    # went before every user waiting for a first word, and was cut into 3-word pieces).
+    playout: Playback = field(default_factory=lambda: Playback(clock=time.perf_counter), repr=False)
+    _audio_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self):
         if not self.speculative:
@@ -168,22 +175,34 @@ class ResponseJob(UnitInput):
 
     def adopt(self):
         """The session took this speculative reply as the turn's: it goes on, due as any reply,
-        played by the client from now."""
-        self.adopted.set()
-        if self.marks.tts_first_audio is not None and self.played_from is None:
-            self.played_from = time.perf_counter()
+        and the client plays what it made from now."""
+        with self._audio_lock:
+            self.adopted.set()
+            if self.audio_seconds:
+                self.playout.sent(self.audio_seconds)
+
+    def audio_sent(self, seconds):
+        """TTS: ``seconds`` more speech synthesized and sent (held until it is adopted, for a
+        speculative reply)."""
+        with self._audio_lock:
+            self.audio_seconds += seconds
+            if self.adopted.is_set():
+                self.playout.sent(seconds)
+
+    def held_seconds(self):
+        """Seconds of this reply's audio the client holds and has not played yet, or None
+        before it plays any."""
+        return self.playout.held() if self.playout.end else None
 
     def due(self):
         """When this reply's next piece of work (LLM text or speech) is due, in
         ``time.perf_counter()`` seconds (``pool.pipeline.compute``): before its first audio, when
-        the user stopped speaking (now, for a response without speech); after, when the audio sent
-        so far has played out (the client plays it in real time from the first delta). A
-        speculative reply not adopted: never (``WHENEVER``), it runs when nothing else waits."""
+        the user stopped speaking (now, for a response without speech); after, when the audio the
+        client holds runs out (``playout``). A speculative reply not adopted: never
+        (``WHENEVER``), it runs when nothing else waits."""
         if not self.adopted.is_set():
             return WHENEVER
-        if self.played_from is None:
-            return self.marks.speech_stopped or time.perf_counter()
-        return self.played_from + self.audio_seconds
+        return self.playout.end or self.marks.speech_stopped or time.perf_counter()
 
     def wait_adopted(self, stop, poll=0.02):
         """LLM: block until the session adopts this reply or ``stop()`` is true; returns

@@ -41,8 +41,13 @@ class Playback:
 
     @property
     def end(self):
-        """``time.monotonic()`` when the client will have played all the audio sent so far."""
+        """When the client will have played all the audio sent so far, on ``clock``
+        (``time.monotonic()`` seconds by default); 0.0 before any was sent."""
         return self._end
+
+    def held(self):
+        """Seconds of audio sent that the client has not played yet (0.0: it plays nothing)."""
+        return max(0.0, self._end - self._clock())
 
     def playing(self, now=None):
         """Whether the client is still playing audio sent."""

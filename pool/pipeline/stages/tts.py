@@ -1,6 +1,5 @@
 """The TTS stage: speech for each phrase, sent in deltas; function calls and response ends in order."""
 
-import time
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
@@ -65,17 +64,10 @@ class TTSStage(Stage):
         if not rest.strip():
             self._send(ctx, job, rest, [], 0.0, 0.0)
         while rest.strip() and not job.cancelled.is_set():
-            piece, rest = self._pace.next_piece(rest, self._lead(job))
+            piece, rest = self._pace.next_piece(rest, job.held_seconds())
             if not self._speak(ctx, job, piece):
                 return
         job.phrase_spoken()
-
-    @staticmethod
-    def _lead(job):
-        """Seconds of the reply's audio the client holds and has not played (played in real
-        time from the first audio), or None before the client plays it."""
-        first = job.played_from
-        return None if first is None else job.audio_seconds - (time.perf_counter() - first)
 
     def _speak(self, ctx, job, text):
         """Synthesize ``text`` and send it; False when the response or session ended meanwhile."""
@@ -87,9 +79,7 @@ class TTSStage(Stage):
         if job.marks.reach("tts_first_audio"):
             job.marks.tts_first_compute_s = seconds
             job.marks.tts_first_phrase_audio_s = len(samples) / TTS_RATE
-        if job.played_from is None and job.adopted.is_set():
-            job.played_from = time.perf_counter()  # a speculative reply's: when it is adopted
-        job.audio_seconds += len(samples) / TTS_RATE
+        job.audio_sent(len(samples) / TTS_RATE)
         if ctx.recording is not None:
             ctx.recording.write_sent()  # what the session forwarded of the earlier phrases
         keep = ctx.recording is not None or (ctx.playback is not None and ctx.playback.keeps_audio)
