@@ -17,11 +17,12 @@ CASES = [
     Case("backchannel", "Yeah.", "espeak:en-gb-scotland+m2:30:140", "en", 20.0, "held_out"),
     Case("backchannel", "I see.", "kokoro:bm_george", "en", None, "held_out"),
     Case("echo", "echo", "", "en", None, "held_out", ECHO),
-    # Known to miss on slower CPUs (#27, BENCHMARKS.md 14a: echo + interruption missed 1 of 8 on
-    # the corpus): AEC3, started on the echo a second before, takes "Wait." for echo in double
-    # talk (server log: "echo of the playback removed from the microphone" over the word). Seen
-    # in 1 of 1 CI-like runs on a Zen 3 (2026-12-03), 2 of 3 on a Zen 5 before 9abfbb0. Kept in
-    # the suite, reported as XFAIL or XPASS, until the double-talk decision is fixed.
+    # Misses now and then (#27, BENCHMARKS.md 14a: echo + interruption missed 1 of 8 on the
+    # corpus): AEC3, started on the echo a second before, takes "Wait." for echo in double talk
+    # (server log: "echo of the playback removed from the microphone" over the word). Seen in 1 of
+    # 1 CI-like runs on a Zen 3 (2026-12-03), 2 of 3 on a Zen 5 before 9abfbb0; since the peek
+    # fixes (621a01e, 3ba5449) in 3 of 14 runs on a Xeon with VNNI (the one whose log was read,
+    # that way). Kept in the suite, reported as XFAIL or XPASS, until double talk is decided.
     pytest.param(Case("echo_interruption", "Wait.", "kokoro:am_echo", "en", None, "held_out", ECHO),
                  marks=pytest.mark.xfail(strict=False, reason="#27: AEC3 may remove a voice over "
                                          "an echo it started on (double talk)")),
