@@ -96,7 +96,7 @@ class STTStage(Stage):
         another speculation or the session's end came first."""
         if future.cancelled() or future.exception() is not None:
             return  # a failed one: the commit transcribes again and reports it
-        (transcript, language) = future.result()
+        transcript, language = future.result()
         with self._lock:
             if self._speculation is speculation and transcript:
                 ctx.emit(m.Speculated(speculation.item_id, transcript, language, speculation.samples))
