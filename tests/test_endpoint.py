@@ -136,9 +136,11 @@ def silent_endpoint():
             except TimeoutError:
                 pass
 
-    threading.Thread(target=accept, daemon=True).start()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
     yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
     stop.set()
+    acceptor.join(5)  # out of accept() before the listener closes under it (EBADF otherwise)
     for connection in held:
         connection.close()
     listener.close()
