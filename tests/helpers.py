@@ -2,6 +2,7 @@
 
 import base64
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -150,3 +151,12 @@ def image_message(url=PIXEL, role="user"):
     return {"type": "conversation.item.create", "item": {"type": "message", "role": role, "content": [
         {"type": "input_text", "text": "What is in this picture?"},
         {"type": "input_image", "image_url": url, "detail": "low"}]}}
+
+
+def wait_for(condition, timeout=5.0):
+    """Poll ``condition()`` until it is true or ``timeout`` seconds pass; returns its last value
+    (for tests that watch other threads: assert on what it returns)."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return condition()

@@ -9,9 +9,12 @@ import numpy as np
 
 from pool.pipeline import messages as m
 from pool.pipeline.compute import WHENEVER, ComputeQueue
+from pool.pipeline.playback import Playback
 from pool.pipeline.stages.llm import LLMStage
 from pool.pipeline.stages.stt import STTStage
 from pool.pipeline.stages.tts import TTSStage
+
+from .helpers import wait_for
 
 
 class Gate:
@@ -108,9 +111,11 @@ class Clock:
 def Job(speech_stopped=None, sent=(), speculative=False):  # noqa: N802 - what due() reads of a job
     """A reply to speech that stopped at ``speech_stopped``, with ``sent``: (perf_counter time,
     seconds of audio) sent then, on ``job.clock``."""
-    job = m.ResponseJob("resp", None, "audio", "alloy", 1.0, None, speculative=speculative)
+    clock = Clock()
+    job = m.ResponseJob("resp", None, "audio", "alloy", 1.0, None, speculative=speculative,
+                        playout=Playback(clock=clock))
     job.marks = m.Marks(speech_stopped=speech_stopped)
-    job.clock = job.playout._clock = Clock()
+    job.clock = clock
     for at, seconds in sent:
         job.clock.now = at
         job.audio_sent(seconds)
@@ -176,22 +181,17 @@ def test_units_share_one_queue_and_a_waiting_users_first_phrase_goes_before_a_la
     def speak(stage, job, text):
         threading.Thread(target=stage._speak, args=(m.SessionContext(events.append), job, text), daemon=True).start()
 
-    def wait_for(condition):
-        deadline = time.monotonic() + 5
-        while not condition() and time.monotonic() < deadline:
-            time.sleep(0.01)
-
     now = time.perf_counter()
     a, b, c = job(now - 3), job(now - 1), job(now - 6)
     c.audio_sent(0.5)  # C's client holds half a second of audio
     speak(unit_a, a, "A's first phrase")
     assert gate.started.wait(5)
     speak(unit_c, c, "C's second phrase")
-    wait_for(lambda: unit_a._queue.pending() == 1)
+    assert wait_for(lambda: unit_a._queue.pending() == 1)
     speak(unit_b, b, "B's first phrase")
-    wait_for(lambda: unit_a._queue.pending() == 2)
+    assert wait_for(lambda: unit_a._queue.pending() == 2)
     gate.release()
-    wait_for(lambda: len(events) == 3)
+    assert wait_for(lambda: len(events) == 3)
     assert gate.ran == ["A's first phrase", "B's first phrase", "C's second phrase"]
 
 

@@ -18,7 +18,7 @@ from pool.pipeline.stages.vad import VADStage
 from realtime import session_config as sc
 from realtime.audio import InputAudioDecoder
 
-from .helpers import JFK, speech_appends
+from .helpers import JFK, speech_appends, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -219,13 +219,6 @@ class CountingSTT:
         return f"heard {len(audio)} samples"
 
 
-def wait_for(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return condition()
-
-
 def test_the_stt_stage_answers_a_commit_from_its_speculation_only_when_it_matches():
     stt = CountingSTT()
     stage = STTStage(Backends(None, stt, None, None))
@@ -303,7 +296,8 @@ def test_a_speculation_waiting_in_the_compute_queue_holds_up_no_peek_and_no_comm
     inbox.put(None)
 
 
-def test_a_commit_that_comes_while_its_speculation_waits_makes_it_due_now_and_it_is_not_announced():
+def test_a_commit_that_comes_while_its_speculation_waits_makes_it_due_now_and_it_is_not_announced(monkeypatch):
+    monkeypatch.setattr("pool.pipeline.stages.stt.SPECULATION_SLACK_S", 60.0)  # due long after the rest
     stt = PeekingSTT()
     stage = STTStage(Backends(None, stt, None, None))
     events, ran = [], []
@@ -315,10 +309,10 @@ def test_a_commit_that_comes_while_its_speculation_waits_makes_it_due_now_and_it
     inbox = stt_thread(stage, ctx)
     inbox.put(m.Speculate("item_1", audio[:8000], "en"))
     assert wait_for(lambda: stage._queue.pending() == 1)
-    # Another unit's later phrase, due before the speculation (SPECULATION_SLACK_S) but not now.
-    stage._queue.submit(time.perf_counter() + 0.1, lambda: ran.append(list(stt.calls)))
     inbox.put(m.Transcribe("item_1", audio[:9600], "en", speculated_samples=8000))
     assert wait_for(lambda: stage._speculation is None)  # the commit took it, and waits for it
+    # Another unit's phrase, due now: before the speculation as it was, after it once its commit waits.
+    stage._queue.submit(time.perf_counter(), lambda: ran.append(list(stt.calls)))
     synthesis.set()
     assert wait_for(lambda: events and ran)
     assert ran == [[8000]]  # the speculation ran first: its commit made it due now
