@@ -10,8 +10,9 @@ alone must leave the reply playing; interruptions must cancel it.
 Voices are never the reply's (the default ``alloy``, Kokoro's ``af_alloy``) and come from more
 than one synthesiser: Kokoro-82M (the server's own TTS, other voices and accents), espeak-ng
 (Debian's ``espeak-ng``, voice variants at several pitches and speeds: a formant synthesiser
-nothing in the server was tuned on), and real human speech (cuts of ``jfk.flac`` and
-``hotwords.mp3``; no human backchannel recording was found in any installed package). Non-speech
+nothing in the server was tuned on), and real human speech (cuts of ``jfk.flac``,
+``hotwords.mp3`` and each speaker of ``stereo_diarization.wav``; no human backchannel recording
+was found in any installed package). Non-speech
 is synthesised here (coughs and breaths: shaped noise) or taken from a package (pipecat's DTMF
 tones, recorded keypad sounds).
 
@@ -22,8 +23,9 @@ decaying noise impulse response, RT60 ``rt60_s``: ``room``), computed as the cli
 (``bench.interruptions.Microphone``).
 
 **Split.** Cases are split by voice: the ``tune`` part holds about half the voices of each
-synthesiser, the ``held_out`` part the rest, the human recordings, and the echo cases whose
-parameters differ from the tuned ones. Rules are tuned on ``tune`` and reported on ``held_out``
+synthesiser and the two speakers of ``stereo_diarization.wav``, the ``held_out`` part the rest,
+the other human recordings (JFK, hotwords), and the echo cases whose parameters differ from the
+tuned ones. Rules are tuned on ``tune`` and reported on ``held_out``
 (``bench.interruptions``).
 
     cases(languages=("en",)) -> [Case, ...]
@@ -42,8 +44,9 @@ import soundfile
 import soxr
 
 from realtime.client import load_audio
-from tests.helpers import HOTWORDS, JFK
+from tests.helpers import AUDIO_DIR, HOTWORDS, JFK
 
+STEREO = AUDIO_DIR / "stereo_diarization.wav"  # two speakers, one a channel
 RATE = 24_000  # Hz: the protocol's PCM16 rate, which every case is rendered at
 REPLY_VOICE = "af_alloy"  # the default session's voice (alloy): never a case's voice
 
@@ -68,12 +71,17 @@ INTERRUPTIONS = {
     "hi": ["रुको।", "माफ़ कीजिए, कितने बजे हैं?"],
 }
 NON_SPEECH = ["cough", "breath", "dtmf"]
-# Real human speech, cut from the shared recordings: (name, file, start s, end s, what is said).
+# Real human speech, cut from the shared recordings: (name, file, channel (None: the channels'
+# mean), start s, end s, what is said, split). The two speakers of stereo_diarization.wav (one a
+# channel) are the tune part's human voices, so that a rule for slow, real speech can be tuned
+# without looking at the held-out recordings.
 HUMAN = [
-    ("jfk-fellow-americans", JFK, 0.20, 2.30, "And so my fellow Americans."),
-    ("jfk-ask-not", JFK, 3.15, 4.45, "Ask not."),
-    ("jfk-ask-what-you-can-do", JFK, 8.05, 10.90, "Ask what you can do for your country."),
-    ("hotwords", HOTWORDS, 0.0, 4.0, "Then you go into your ComfyUI folder again."),
+    ("jfk-fellow-americans", JFK, None, 0.20, 2.30, "And so my fellow Americans.", "held_out"),
+    ("jfk-ask-not", JFK, None, 3.15, 4.45, "Ask not.", "held_out"),
+    ("jfk-ask-what-you-can-do", JFK, None, 8.05, 10.90, "Ask what you can do for your country.", "held_out"),
+    ("hotwords", HOTWORDS, None, 0.0, 4.0, "Then you go into your ComfyUI folder again.", "held_out"),
+    ("stereo-confused-complaint", STEREO, 0, 0.0, 1.6, "He began a confused complaint.", "tune"),
+    ("stereo-horizon", STEREO, 1, 0.3, 2.7, "The horizon seems extremely distant.", "tune"),
 ]
 
 # --- who says it ---------------------------------------------------------------------------------
@@ -185,9 +193,9 @@ def cases(languages=("en",)):
                 split = "tune" if sound == "cough" else "held_out"
                 out.append(Case("non_speech", sound, "package" if sound == "dtmf" else "synthetic", language,
                                 level, split))
-        for name, *_rest, said in HUMAN:
+        for name, *_rest, said, split in HUMAN:
             for level in NOISE_LEVELS:
-                out.append(Case("interruption", said, f"human:{name}", language, level, "held_out"))
+                out.append(Case("interruption", said, f"human:{name}", language, level, split))
         for (delay, gain, rt60, split), (voice, phrase) in zip(ECHO_PATHS, ECHO_INTERRUPTIONS, strict=True):
             out.append(Case("echo", "echo", "", language, None, split, (delay, gain, rt60)))
             out.append(Case("echo_interruption", phrase, voice, language, None, split, (delay, gain, rt60)))
@@ -261,6 +269,15 @@ def dtmf():
     return np.concatenate([tones[0], np.zeros(RATE // 10, np.float32), tones[1]])
 
 
+def recording(path, channel=None):
+    """A shared recording as float32 @ 24 kHz: one ``channel`` of it, or (None) the channels'
+    mean (``realtime.client.load_audio``)."""
+    if channel is None:
+        return load_audio(path)
+    samples, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+    return soxr.resample(samples[:, channel], rate, RATE).astype(np.float32)
+
+
 def espeak(text, voice, pitch, wpm, language):
     """``text`` spoken by espeak-ng (Debian's ``espeak-ng``): float32 @ 24 kHz. Raises
     RuntimeError when espeak-ng is not installed."""
@@ -307,8 +324,8 @@ class Renderer:
             voice, pitch, wpm = rest.split(":")
             samples = espeak(case.phrase, voice, pitch, wpm, case.language)
         elif kind == "human":
-            _, path, start, end, _ = next(h for h in HUMAN if h[0] == rest)
-            samples = load_audio(path)[int(start * RATE):int(end * RATE)]
+            _, path, channel, start, end, _, _ = next(h for h in HUMAN if h[0] == rest)
+            samples = recording(path, channel)[int(start * RATE):int(end * RATE)]
         elif case.phrase == "cough":
             return cough(case.seed())
         elif case.phrase == "breath":
