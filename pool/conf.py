@@ -126,9 +126,10 @@ DEFAULTS = {
     # end-of-turn model decides when the user has finished).
     "DEFAULT_TURN_DETECTION": "server_vad",
     # While the assistant speaks (its reply has sent audio, or that audio is still playing on the
-    # client), new speech is judged by a peek (a transcript of it so far) at each this many ms of
-    # voiced speech, at its first pause and at its end: it interrupts once a peek hears an
-    # interruption (realtime.session.turns); speech that ends before is a backchannel or noise and
+    # client), new speech is judged by a peek (a transcript of it so far) at this many ms of
+    # voiced speech and each 150 ms after (realtime.session.turns.PEEK_STEP_MS), at its first
+    # pause and at its end: it interrupts once a peek hears an interruption
+    # (realtime.session.turns); speech that ends before is a backchannel or noise and
     # is dropped. Until then speech_started and the reply's next events are held back. 300 ms:
     # the interruption corpus's tune part (500 ms missed more short "Wait."s). 0: any speech
     # interrupts at once (OpenAI's behaviour).

@@ -120,7 +120,7 @@ def test_a_backchannel_over_the_assistant_is_dropped_and_the_reply_goes_on():
     turns.speech_started(started)
     held = m.ResponseAudio("resp_1", "Hello", ["AAAA"], 200.0, 0.1)
     turns.intercept(held)
-    assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 500)) == [t.Peek("item_1", 1000, None)]
+    assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 500)) == [t.Peek("item_1", 500 + t.PEEK_STEP_MS, None)]
     assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 700, final=True)) == []  # all of it: no more peeks
     heard = ((500, "Mm-hmm."), (700, "Mm-hmm."), (None, "Mm-hmm."))
     assert turns.intercept(m.Transcribed("item_1", "Mm-hmm.", 0.6, 0.05)) == [
@@ -137,7 +137,8 @@ def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue()
     turns, _reply = _turns_over_a_speaking_reply()
     started = m.SpeechStarted("item_1", 1200)
     turns.speech_started(started)
-    assert turns.intercept(m.SpeechPeeked("item_1", "Ice", 500, likeness=-2.0)) == [t.Peek("item_1", 1000, None)]
+    assert turns.intercept(m.SpeechPeeked("item_1", "Ice", 500, likeness=-2.0)) == [
+        t.Peek("item_1", 500 + t.PEEK_STEP_MS, None)]
     assert turns.intercept(m.SpeechPeeked("item_1", "I see.", 700, final=True, likeness=0.2)) == []
     assert [type(d) for d in turns.intercept(m.Transcribed("item_1", "I see.", 0.7, 0.05))] == [t.Judged]
     assert turns.speaking is None and not turns.unanswered
@@ -145,6 +146,32 @@ def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue()
         turns, _reply = _turns_over_a_speaking_reply()
         turns.speech_started(m.SpeechStarted("item_1", 1200))
         assert t.Cancel("turn_detected") in turns.intercept(m.SpeechPeeked("item_1", heard, 500, likeness=-3.0))
+
+
+def test_peeks_after_the_first_come_each_peek_step_not_each_min_speech():
+    """Slow real speech is first heard as one word ("And"); the peek that decides must come soon
+    after, not another INTERRUPT_MIN_SPEECH_MS later (JFK's "And so my fellow Americans" was
+    judged after 1.0 s). A minimum shorter than the step is the step."""
+    from types import SimpleNamespace
+
+    from pool.pipeline import messages as m
+    from realtime.session import turns as t
+
+    assert t.PEEK_STEP_MS < 300  # shorter than the default INTERRUPT_MIN_SPEECH_MS
+    turns, _reply = _turns_over_a_speaking_reply()  # INTERRUPT_MIN_SPEECH_MS 500
+    turns.speech_started(m.SpeechStarted("item_1", 1200))
+    asked = [turns.intercept(m.SpeechPeeked("item_1", "And", 500, likeness=-3.0))]
+    asked.append(turns.intercept(m.SpeechPeeked("item_1", "Mm.", 500 + t.PEEK_STEP_MS, likeness=0.1)))
+    assert asked == [[t.Peek("item_1", 500 + t.PEEK_STEP_MS, None)], [t.Peek("item_1", 500 + 2 * t.PEEK_STEP_MS, None)]]
+
+    from realtime.session.conversation import Conversation
+    from realtime.session.turns import TurnTaking
+
+    short = TurnTaking("sess_1", Conversation(), 100, Backchannels(tuple(DEFAULTS["BACKCHANNEL_WORDS"])))
+    short.turn_detection = turns.turn_detection
+    short.response_created(SimpleNamespace(automatic=True, turns=[], output=SimpleNamespace(items=[{}], audio_ms=800.0)))
+    assert short.speech_started(m.SpeechStarted("item_1", 1200)) == [t.Peek("item_1", 100, None)]
+    assert short.intercept(m.SpeechPeeked("item_1", "Mm.", 100, likeness=0.1)) == [t.Peek("item_1", 200, None)]
 
 
 def test_the_idle_timeout_starts_over_once_it_has_fired():

@@ -18,12 +18,13 @@ queue or drop a reply of a server-VAD session (``server_vad`` or ``semantic_vad`
 - Speech that starts while the assistant is speaking (its reply has sent audio, or the audio sent
   is still playing on the client at real-time pace) is *undecided*: its events, and the reply's
   next events, are held back. A peek (a transcript of the speech so far, scored against a
-  listener's backchannel phrases) at each ``INTERRUPT_MIN_SPEECH_MS`` of voiced speech, or at its
-  first pause, or at its end, judges it: the first that hears words other than backchannels,
-  in audio unlike any backchannel phrase (``BACKCHANNEL_LIKENESS``), makes it a turn, whose events
-  then go out as they happened and which, with ``interrupt_response``, cancels the reply. Speech
-  whose every peek, the last one of all of it, hears none - a backchannel ("mm-hmm", "yeah"), a
-  cough, noise - is dropped without a trace and the reply goes on. Speech longer than the peeks
+  listener's backchannel phrases) at ``INTERRUPT_MIN_SPEECH_MS`` of voiced speech and each
+  ``PEEK_STEP_MS`` after it, or at its first pause, or at its end, judges it: the first that
+  hears words other than backchannels, in audio unlike any backchannel phrase
+  (``BACKCHANNEL_LIKENESS``), makes it a turn, whose events then go out as they happened and
+  which, with ``interrupt_response``, cancels the reply. Speech whose every peek, the last one of
+  all of it, hears none - a backchannel ("mm-hmm", "yeah"), a cough, noise - is dropped without a
+  trace and the reply goes on. Speech longer than the peeks
   listen (``PEEK_LIMIT_MS``) is judged by its transcript. Clients stop their playback at
   ``speech_started``, so it must not be sent for a backchannel.
 - ``semantic_vad``: a turn whose transcript ends on a word that cannot end a sentence ("for",
@@ -43,6 +44,12 @@ from realtime.session_config import Backchannels, effective_silence_ms
 log = logging.getLogger(__name__)
 
 PEEK_LIMIT_MS = 3000  # longer speech is judged by its whole transcript
+# After the first peek (at INTERRUPT_MIN_SPEECH_MS), the next one hears each further PEEK_STEP_MS
+# of voiced speech (or as soon as the STT is free, one peek at a time). Slow real speech ("And
+# so, my fellow Americans") is first heard as one word, and its decisive peek came at 600 ms
+# voiced with a step of 300: after the 1.0 s a person waits. Chosen on the tune part of
+# bench.interruption_corpus (BENCHMARKS.md, section 14c).
+PEEK_STEP_MS = 150
 # Words after which an English sentence is not finished (semantic_vad holds the reply).
 UNFINISHED_WORDS = frozenset(
     "a an the and or but so because for of to with in on at from by about into my your our their "
@@ -331,12 +338,14 @@ class TurnTaking:
     def _ask_peek(self, undecided):
         undecided.peeks += 1
         undecided.peek_pending = True
-        return Peek(undecided.started.item_id, undecided.peeks * self._min_speech_ms, self._rule.prompt, self._phrases)
+        step = min(self._min_speech_ms, PEEK_STEP_MS)
+        after_ms = self._min_speech_ms + (undecided.peeks - 1) * step
+        return Peek(undecided.started.item_id, after_ms, self._rule.prompt, self._phrases)
 
     def _undecided_event(self, undecided, event):
-        """Speech over the assistant is judged by peeks, one at each INTERRUPT_MIN_SPEECH_MS of
-        voiced speech: the first that hears words other than backchannels makes it a turn. If
-        it ends with none, it was a backchannel or noise."""
+        """Speech over the assistant is judged by peeks, one at INTERRUPT_MIN_SPEECH_MS of voiced
+        speech and one at each PEEK_STEP_MS after it: the first that hears words other than
+        backchannels makes it a turn. If it ends with none, it was a backchannel or noise."""
         if isinstance(event, m.SpeechPeeked):
             undecided.peek_pending = False
             undecided.heard.append((event.voiced_ms, event.transcript))
