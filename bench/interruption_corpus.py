@@ -3,8 +3,8 @@
 Each ``Case`` is something a listener does while the assistant speaks, in one voice and one noise
 level: a **backchannel** ("mm-hmm", "yeah", "I see", laughter), a **non-speech** sound (a cough,
 a breath, a phone's keypad tone), a **real interruption** ("wait", "sorry, what?", a new question,
-a correction), or the reply's own **echo** (a client on laptop speakers without echo
-cancellation), alone or with a real interruption on top. Backchannels, non-speech and echo
+a correction, a new request without any cue word), or the reply's own **echo** (a client on
+laptop speakers without echo cancellation), alone or with a real interruption on top. Backchannels, non-speech and echo
 alone must leave the reply playing; interruptions must cancel it.
 
 Voices are never the reply's (the default ``alloy``, Kokoro's ``af_alloy``) and come from more
@@ -69,6 +69,13 @@ INTERRUPTIONS = {
     "it": ["Aspetta.", "Scusa, che ore sono?"],
     "pt": ["Espera.", "Desculpa, que horas são?"],
     "hi": ["रुको।", "माफ़ कीजिए, कितने बजे हैं?"],
+}
+# Interruptions without a word of INTERRUPTION_WORDS: a new request, said over the reply. Every
+# phrase above holds a cue ("what", "no"), so only these (and the human recordings) show whether
+# speech that is neither a cue nor a backchannel interrupts. Their noise levels turn on their own
+# count, so the cases above keep theirs.
+REQUESTS = {
+    "en": ["Tell me about the moon instead.", "Can you make it shorter?", "Let's talk about something else."],
 }
 NON_SPEECH = ["cough", "breath", "dtmf"]
 # Real human speech, cut from the shared recordings: (name, file, channel (None: the channels'
@@ -172,12 +179,11 @@ def cases(languages=("en",)):
     order. Each phrase and voice gets one noise level, in turn, so that every level has cases
     of every kind."""
     out = []
-    turn = 0
+    turns = {"phrases": 0, "requests": 0}
 
-    def noise():
-        nonlocal turn
-        turn += 1
-        return NOISE_LEVELS[turn % len(NOISE_LEVELS)]
+    def noise(count="phrases"):
+        turns[count] += 1
+        return NOISE_LEVELS[turns[count] % len(NOISE_LEVELS)]
 
     for language in languages:
         for split in ("tune", "held_out"):
@@ -186,6 +192,9 @@ def cases(languages=("en",)):
                     out.append(Case("backchannel", phrase, voice, language, noise(), split))
                 for phrase in INTERRUPTIONS[language]:
                     out.append(Case("interruption", phrase, voice, language, noise(), split))
+                for phrase in REQUESTS.get(language, ()):
+                    out.append(Case("interruption", phrase, voice, language, noise("requests"), split))
+                turns["requests"] += 1  # the next voice says each request at another level
         if language != "en":
             continue
         for sound in NON_SPEECH:
