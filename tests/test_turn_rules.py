@@ -1,6 +1,7 @@
 """What counts as an interruption of the assistant, and the words of a transcript (pure rules
 of ``realtime.session.turns``; the behaviour over the protocol is in test_turn_taking.py)."""
 
+from types import SimpleNamespace
 from unittest.mock import ANY
 
 import pytest
@@ -81,8 +82,6 @@ def test_a_reply_is_spoken_by_a_voice_of_its_language():
 
 def _turns_over_a_speaking_reply():
     """Turn-taking with a reply that has sent audio, and its answers to each step (no session)."""
-    from types import SimpleNamespace
-
     from realtime.session.conversation import Conversation
     from realtime.session.turns import TurnTaking
 
@@ -106,7 +105,7 @@ def test_turn_taking_answers_speech_over_the_assistant_with_decisions():
     stopped = m.SpeechStopped("item_1", 2000)
     assert turns.intercept(stopped) == []
     verdict = turns.intercept(m.SpeechPeeked("item_1", "Wait, stop.", 500))
-    assert verdict == [t.Judged("interruption", started, ((500, "Wait, stop."),), ANY), t.Announce(started),
+    assert verdict == [t.Judged("interruption", started, ((500, "Wait, stop.", None),), ANY), t.Announce(started),
                        t.Cancel("turn_detected"), t.Release((stopped,))]
     assert turns.settle() == [t.Release((held,))]  # no speech undecided: the held reply goes on
 
@@ -122,7 +121,7 @@ def test_a_backchannel_over_the_assistant_is_dropped_and_the_reply_goes_on():
     turns.intercept(held)
     assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 500)) == [t.Peek("item_1", 500 + t.PEEK_STEP_MS, None)]
     assert turns.intercept(m.SpeechPeeked("item_1", "Mm-hmm.", 700, final=True)) == []  # all of it: no more peeks
-    heard = ((500, "Mm-hmm."), (700, "Mm-hmm."), (None, "Mm-hmm."))
+    heard = ((500, "Mm-hmm.", None), (700, "Mm-hmm.", None), (None, "Mm-hmm.", None))
     assert turns.intercept(m.Transcribed("item_1", "Mm-hmm.", 0.6, 0.05)) == [
         t.Judged("backchannel", started, heard, ANY), t.Release((held,))]
     assert turns.speaking is None and not turns.unanswered  # no turn, nothing to answer
@@ -140,7 +139,9 @@ def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue()
     assert turns.intercept(m.SpeechPeeked("item_1", "Ice", 500, likeness=-2.0)) == [
         t.Peek("item_1", 500 + t.PEEK_STEP_MS, None)]
     assert turns.intercept(m.SpeechPeeked("item_1", "I see.", 700, final=True, likeness=0.2)) == []
-    assert [type(d) for d in turns.intercept(m.Transcribed("item_1", "I see.", 0.7, 0.05))] == [t.Judged]
+    judged = turns.intercept(m.Transcribed("item_1", "I see.", 0.7, 0.05))
+    assert [type(d) for d in judged] == [t.Judged]
+    assert judged[0].heard == ((500, "Ice", -2.0), (700, "I see.", 0.2), (None, "I see.", None))
     assert turns.speaking is None and not turns.unanswered
     for heard in ("Wait", "Can you stop"):
         turns, _reply = _turns_over_a_speaking_reply()
@@ -152,8 +153,6 @@ def test_peeks_after_the_first_come_each_peek_step_not_each_min_speech():
     """Slow real speech is first heard as one word ("And"); the peek that decides must come soon
     after, not another INTERRUPT_MIN_SPEECH_MS later (JFK's "And so my fellow Americans" was
     judged after 1.0 s). A minimum shorter than the step is the step."""
-    from types import SimpleNamespace
-
     from pool.pipeline import messages as m
     from realtime.session import turns as t
 
@@ -188,3 +187,17 @@ def test_the_idle_timeout_starts_over_once_it_has_fired():
     assert turns.idle_wait() is None  # asked: not again until the VAD answers
     turns.timed_out("item_1")
     assert turns.idle_wait() > 4.9
+
+
+def test_the_history_keeps_what_each_peek_heard_and_how_like_a_backchannel_it_sounded():
+    """An operator reading an overlap row sees why it was dropped or let through: each peek's
+    transcript and its likeness (the server log was the only place it was kept)."""
+    from realtime.session.history import SessionHistory
+
+    kept = []
+    history = SessionHistory("sess_1", SimpleNamespace(history=lambda _session, record: kept.append(record)), 10)
+    history.overlap("backchannel", 1200, 1900, ((320, "Dye her.", -0.9), (None, "Dye her.", None)), 400)
+    assert [r.data for r in kept] == [{"verdict": "backchannel", "held_ms": 400, "heard": [
+        {"voiced_ms": 320, "transcript": "Dye her.", "likeness": -0.9},
+        {"voiced_ms": None, "transcript": "Dye her.", "likeness": None}]}]
+    assert kept[0].text == "Dye her."

@@ -114,12 +114,14 @@ class SessionHistory:
         """Keep what was heard over the assistant's speech and what it was taken for
         (``verdict``: "interruption", "turn", "backchannel", "noise" or "echo"); ``start_ms`` and
         ``end_ms``: where, in the input audio buffer; ``heard``: ``[(voiced ms or None,
-        transcript), ...]`` of its peeks and transcript; ``held_ms``: how long it was held."""
-        said = [transcript for _, transcript in heard if transcript]
+        transcript, likeness or None), ...]`` of its peeks and transcript (the likeness: how
+        like a backchannel phrase the peek's audio sounded, ``turns.interrupts``); ``held_ms``:
+        how long it was held."""
+        said = [transcript for _, transcript, _ in heard if transcript]
         self._keep(ItemRecord(
             item_id=new_id("overlap"), kind="overlap", role="user", status=verdict, at_ms=self.now_ms(),
             text=said[-1] if said else "", audio_start_ms=start_ms, audio_end_ms=end_ms,
-            data={"verdict": verdict, "heard": [{"voiced_ms": ms, "transcript": t} for ms, t in heard],
+            data={"verdict": verdict, "heard": [{"voiced_ms": ms, "transcript": t, "likeness": x} for ms, t, x in heard],
                   "held_ms": held_ms}))
 
     def error(self, event_id, error):

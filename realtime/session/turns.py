@@ -104,7 +104,8 @@ class Judged:
     """Speech over the assistant was judged: ``verdict`` "interruption" (a turn), "turn" (the
     assistant stopped before it was judged), "backchannel" (words, all of them a listener's) or
     "noise" (no words); ``event``: its SpeechStarted;
-    ``heard``: what each peek heard, ``[(voiced ms, transcript), ...]``, and its transcript;
+    ``heard``: what each peek heard, ``[(voiced ms, transcript, likeness or None), ...]``, and its
+    transcript (voiced ms and likeness None);
     ``held_ms``: how long its events were held before the verdict. For the history and metrics."""
 
     verdict: str
@@ -348,7 +349,7 @@ class TurnTaking:
         backchannels makes it a turn. If it ends with none, it was a backchannel or noise."""
         if isinstance(event, m.SpeechPeeked):
             undecided.peek_pending = False
-            undecided.heard.append((event.voiced_ms, event.transcript))
+            undecided.heard.append((event.voiced_ms, event.transcript, event.likeness))
             log.info("session %s: speech over the assistant, %d ms voiced, heard %r (likeness %s)", self._session_id,
                      event.voiced_ms, event.transcript, event.likeness)
             if interrupts(event.transcript, self._backchannels, event.likeness, self._rule.likeness, self._cues):
@@ -364,7 +365,7 @@ class TurnTaking:
             return []
         undecided.held.append(event)
         if isinstance(event, m.Transcribed):
-            undecided.heard.append((None, event.transcript))
+            undecided.heard.append((None, event.transcript, None))
             if (not undecided.judged_whole and not undecided.peek_pending
                     and interrupts(event.transcript, self._backchannels, cues=self._cues)):
                 return self._confirm(undecided)  # longer than the peeks listen: judged by its transcript
@@ -383,7 +384,7 @@ class TurnTaking:
     def _drop(self, undecided):
         """A backchannel or noise: no event, no item, no turn; the reply goes on."""
         del self.undecided[undecided.started.item_id]
-        verdict = "backchannel" if any(words(transcript) for _, transcript in undecided.heard) else "noise"
+        verdict = "backchannel" if any(words(transcript) for _, transcript, _ in undecided.heard) else "noise"
         return [undecided.judged(verdict), *self.settle(), *self.maybe_respond()]
 
     def settle(self):
