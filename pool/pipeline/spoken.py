@@ -73,6 +73,9 @@ _IMAGE_OR_LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]*)[^)]*\)")
 _URL = re.compile(r"\b(?:https?://|www\.)[^\s<>()\"']+[^\s<>()\"'.,;:!?]")
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _EMPHASIS = re.compile(r"(?<![\w*_~])(\*{1,3}|_{1,3}|~~)(?=\S)|(?<=\S)(\*{1,3}|_{1,3}|~~)(?![\w*_~])")
+# Asterisks left in a word once emphasis is gone ("1**1", "2**8"): code's power, or markup the
+# model left open; never a sound of speech. A single one between numbers may be "times".
+_STARS = re.compile(r"\*{2,}")
 _HTML = re.compile(r"</?[a-zA-Z][^>]*>")
 _NUMBER = r"\d+(?:[.,]\d+)*"
 _CURRENCY_BEFORE = re.compile(r"(US\$|R\$|[$€£])\s?(" + _NUMBER + r")")
@@ -213,7 +216,7 @@ class SpokenText:
         text = _EMAIL.sub(lambda m: self._email(m.group()), text)
         text = _URL.sub(lambda m: self._domain(m.group()), text)
         text = text.replace("`", "")
-        text = _EMPHASIS.sub("", text)
+        text = _STARS.sub(" ", _EMPHASIS.sub("", text))
         if self.language is not None:
             text = self._numbers(text)
         return _without_emoji(text)
