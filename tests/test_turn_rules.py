@@ -150,9 +150,9 @@ def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue()
 
 
 def test_peeks_after_the_first_come_each_peek_step_not_each_min_speech():
-    """Slow real speech is first heard as one word ("And"); the peek that decides must come soon
-    after, not another INTERRUPT_MIN_SPEECH_MS later (JFK's "And so my fellow Americans" was
-    judged after 1.0 s). A minimum shorter than the step is the step."""
+    """Slow real speech is first heard as one word ("He" of "He began a confused complaint.");
+    the peek that decides must come soon after, not another INTERRUPT_MIN_SPEECH_MS later (with
+    300 ms it came after the 1.0 s a person waits). With a shorter minimum, the step is the minimum."""
     from pool.pipeline import messages as m
     from realtime.session import turns as t
 

@@ -24,9 +24,9 @@ queue or drop a reply of a server-VAD session (``server_vad`` or ``semantic_vad`
   (``BACKCHANNEL_LIKENESS``), makes it a turn, whose events then go out as they happened and
   which, with ``interrupt_response``, cancels the reply. Speech whose every peek, the last one of
   all of it, hears none - a backchannel ("mm-hmm", "yeah"), a cough, noise - is dropped without a
-  trace and the reply goes on. Speech longer than the peeks
-  listen (``PEEK_LIMIT_MS``) is judged by its transcript. Clients stop their playback at
-  ``speech_started``, so it must not be sent for a backchannel.
+  trace and the reply goes on. Speech longer than the peeks listen (``PEEK_LIMIT_MS``) is judged
+  by its transcript. Clients stop their playback at ``speech_started``, so it must not be sent
+  for a backchannel.
 - ``semantic_vad``: a turn whose transcript ends on a word that cannot end a sentence ("for",
   "and", "the") is not answered before the eagerness fallback silence, unless the user goes on.
 """
@@ -45,10 +45,10 @@ log = logging.getLogger(__name__)
 
 PEEK_LIMIT_MS = 3000  # longer speech is judged by its whole transcript
 # After the first peek (at INTERRUPT_MIN_SPEECH_MS), the next one hears each further PEEK_STEP_MS
-# of voiced speech (or as soon as the STT is free, one peek at a time). Slow real speech ("And
-# so, my fellow Americans") is first heard as one word, and its decisive peek came at 600 ms
-# voiced with a step of 300: after the 1.0 s a person waits. Chosen on the tune part of
-# bench.interruption_corpus (BENCHMARKS.md, section 14c).
+# of voiced speech (or as soon as the STT is free, one peek at a time). Slow real speech is
+# first heard as one word ("He" of "He began a confused complaint."), and with a step of 300 its
+# deciding peek came at 600 ms voiced: after the 1.0 s a person waits. Chosen on the tune part
+# of bench.interruption_corpus (BENCHMARKS.md, section 14c).
 PEEK_STEP_MS = 150
 # Words after which an English sentence is not finished (semantic_vad holds the reply).
 UNFINISHED_WORDS = frozenset(
