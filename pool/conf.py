@@ -137,9 +137,10 @@ DEFAULTS = {
     # Backchannel words (lower case, letters only). A peek made only of these, and of hums
     # however they are spelled (m, h, n and u only: "mm-hmm", "uh-huh"), is not an interruption.
     # "im": Whisper writes the start of a hum as "I'm"; a user who goes on ("I'm sorry, what?")
-    # is heard by the next peek, or by the transcript of the whole utterance.
+    # is heard by the next peek, or by the transcript of the whole utterance. "all": "all
+    # right", as Whisper also spells "alright".
     "BACKCHANNEL_WORDS": [
-        "ah", "oh", "aha", "yeah", "yep", "yup", "yes", "ok", "okay", "right", "sure", "alright", "and",
+        "ah", "oh", "aha", "yeah", "yep", "yup", "yes", "ok", "okay", "right", "sure", "alright", "all", "and",
         "i", "im", "see", "got", "it", "cool", "nice", "wow", "really", "true", "exactly",
     ],
     # The STT's prompt for peeks: Whisper writes a listener's "mm-hmm" as words it has been told

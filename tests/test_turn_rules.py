@@ -14,7 +14,7 @@ from realtime.session_config import Backchannels
 @pytest.mark.parametrize("heard, expected", [
     ("Mm-hmm.", False), ("Mm-huh.", False), ("Uh-huh.", False), ("And Mm-hmm.", False),
     ("Mm-hums.", False), ("Yeah.", False), ("Yeah, okay.", False), ("Yes.", False),
-    ("Right, right.", False), ("Yeah, f-", False), ("", False), ("...", False), ("S...", False),
+    ("Right, right.", False), ("All right.", False), ("All of it, please.", True), ("Yeah, f-", False), ("", False), ("...", False), ("S...", False),
     ("I'm", False),  # Whisper's spelling of the start of a hum; "I'm sorry" is words
     ("I'm sorry, what?", True),
     ("Wait.", True), ("Wait, stop.", True), ("Stop.", True), ("No.", True), ("What?", True),
