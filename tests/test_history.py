@@ -307,6 +307,12 @@ def test_the_session_page_draws_why_a_reply_stopped_and_the_overview_the_first_a
                                     response_id="resp_1", session=row, data={})
     ConversationItem.objects.create(item_id="overlap_1", kind="overlap", text="Mm-hmm.", at_ms=4_300,
                                     audio_start_ms=3_900, audio_end_ms=4_300, **{**item, "status": "backchannel"})
+    heard = [{"voiced_ms": 320, "transcript": "That", "likeness": -0.456},
+             {"voiced_ms": 640, "transcript": "So it's my", "likeness": -2.078},
+             {"voiced_ms": None, "transcript": "So it's my fight.", "likeness": None}]
+    ConversationItem.objects.create(item_id="overlap_3", kind="overlap", text="So it's my fight.", at_ms=5_800,
+                                    audio_start_ms=5_600, audio_end_ms=6_500,
+                                    **{**item, "status": "interruption", "data": {"heard": heard, "held_ms": 420}})
     ConversationItem.objects.create(item_id="overlap_2", kind="overlap", at_ms=4_500, audio_start_ms=3_700,
                                     audio_end_ms=5_200, **{**item, "status": "echo"})
     ConversationItem.objects.create(item_id="item_w", kind="message", text="Wait, stop.", at_ms=6_000,
@@ -319,6 +325,9 @@ def test_the_session_page_draws_why_a_reply_stopped_and_the_overview_the_first_a
     assert svg.count('class="speech"') == 2 and 'class="stopped"' in svg and 'class="reply"' not in svg
     assert "<title>Once upon a time - stopped: turn_detected</title>" in svg
     assert "<title>backchannel: Mm-hmm.</title>" in svg and 'class="echo"' in svg
+    # why speech over the assistant was taken for an interruption: each peek, the deciding one last
+    assert ("<title>interruption: So it&#x27;s my fight. (&#x27;That&#x27; at 320 ms, likeness -0.46; "
+            "&#x27;So it&#x27;s my&#x27; at 640 ms, likeness -2.08; held 420 ms)</title>") in svg
     assert ">1.20 s</text>" in svg  # speech end to first audio
 
     for n, ms in enumerate([900, 1_100, 1_300, 4_000]):

@@ -57,6 +57,19 @@ def _shift(items):
     return statistics.median(shifts) if shifts else 0
 
 
+def _overlap_label(item):
+    """What was heard over the assistant and what it was taken for, with each peek that judged
+    it, at how many ms of voiced speech (``realtime.session.history.SessionHistory.overlap``):
+    "interruption: So it's my fight. ('That' at 320 ms, likeness -0.46; 'So it's my' at 640 ms,
+    likeness -2.08; held 420 ms)". The last peek is the one that decided."""
+    data = item.data or {}
+    peeks = [f"'{h['transcript']}' at {h['voiced_ms']} ms" + (f", likeness {h['likeness']:.2f}" if h.get("likeness") is not None else "")
+             for h in data.get("heard", []) if h.get("voiced_ms") is not None]
+    if data.get("held_ms"):
+        peeks.append(f"held {data['held_ms']} ms")
+    return f"{item.status}" + (f": {item.text}" if item.text else "") + (f" ({'; '.join(peeks)})" if peeks else "")
+
+
 def session_timeline(items, responses):
     """The ``Timeline`` of a session's ``ConversationItem`` rows and ``SessionResponse`` rows."""
     items, responses = list(items), list(responses)
@@ -69,10 +82,7 @@ def session_timeline(items, responses):
             timeline.shapes.append(Shape(0, item.audio_start_ms + shift, end + shift, "speech", item.text or "(no words)"))
         elif item.kind == "overlap" and item.audio_start_ms is not None:
             end = item.audio_end_ms if item.audio_end_ms is not None else item.audio_start_ms + 400
-            heard = f": {item.text}" if item.text else ""
-            held = (item.data or {}).get("held_ms")
-            timeline.shapes.append(Shape(1, item.audio_start_ms + shift, end + shift, item.status,
-                                         f"{item.status}{heard}" + (f" (held {held} ms)" if held else "")))
+            timeline.shapes.append(Shape(1, item.audio_start_ms + shift, end + shift, item.status, _overlap_label(item)))
         elif item.kind == "message" and item.role == "assistant" and item.audio_ms:
             response = by_response.get(item.response_id)
             stopped = item.interrupted or (response is not None and response.status == "cancelled")
