@@ -146,6 +146,13 @@ async def test_webrtc_signalling_goes_through_the_proxy_and_the_media_straight_t
     await client.hangup()
 
 
+def _idle(deployment, name):
+    """True when every unit of process ``name`` is idle (its ``/healthz``, through the proxy)."""
+    status, body = _get(f"{deployment['proxy'].http_url}/{name}/healthz")
+    health = json.loads(body) if status == 200 else {}
+    return health.get("idle") is not None and health["idle"] == health["pool_size"]
+
+
 def _secret(deployment):
     """``(status, body)`` of POST /v1/realtime/client_secrets on the proxy's shared path."""
     request = urllib.request.Request(f"{deployment['proxy'].http_url}/v1/realtime/client_secrets", data=b"{}",
@@ -170,7 +177,8 @@ async def _call_at(deployment, name):
     """A live call on process ``name`` (its prefix through the proxy)."""
     ws = await websockets.connect(f"{deployment['proxy'].ws_url}/{name}/v1/realtime",
                                   additional_headers={"Authorization": f"Bearer {deployment['key']}"})
-    assert json.loads(await ws.recv())["type"] == "session.created"
+    first = json.loads(await ws.recv())
+    assert first["type"] == "session.created", first
     return ws
 
 
@@ -243,7 +251,10 @@ async def test_a_rolling_restart_drops_no_call_and_refuses_no_connect(deployment
     await asyncio.sleep(2)
     stop.set()
     await connector  # the talkers were cancelled as their users hung up
-    for name in ("a", "b"):  # both replaced processes take live calls again
+    for name in ("a", "b"):  # both replaced processes take live calls again, once free
+        # A has one unit: the connector's last session may have ended a moment ago, its
+        # disconnect not yet handled (a new client then is refused, as it should be).
+        await asyncio.to_thread(wait_until, lambda n=name: _idle(deployment, n), 10, f"{name}'s units idle")
         ws = await _call_at(deployment, name)
         assert await _completed_turn(ws)
         await ws.close()
