@@ -9,15 +9,22 @@
   sentence: compute time and audio length; and two phrases due at once, one run after the other
   on both cores against both at once on a core each;
 - stt-multilingual (the multilingual preset, when prepared): Whisper base with the short window,
-  the language given against detected, on jfk.flac and on Kokoro's speech in each preset language.
+  the language given against detected, on jfk.flac and on Kokoro's speech in each preset language;
+- stt-tail: what a speculation hears. The STT transcribes a turn at the first pause of its
+  silence (``pool.pipeline.stages.vad.SPECULATE_MS``) and the commit reuses that transcript: the
+  word error rate of Whisper tiny.en on the interruption corpus's synthetic requests
+  (``bench.interruption_corpus``, every voice, with their noise) cut 100, 200 and 500 ms after
+  the speech ends.
 
-    python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers] [--stages stt,llm,tts,stt-multilingual]
+    python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers]
+                           [--stages stt,llm,tts,stt-multilingual,stt-tail]
 
 Medians of ``--repeats`` runs after one warm-up. Nothing else runs: these are the models' own
 costs on this machine, to set beside the server's (bench.turn_latency).
 """
 
 import argparse
+import re
 import statistics
 import time
 
@@ -177,6 +184,51 @@ def multilingual_rows(repeats, threads):
     return rows
 
 
+TAILS_MS = (100, 200, 500)  # silence after the speech: a speculation's at 100 and 200 ms, a commit's
+
+
+def _words(text):
+    return re.findall(r"[a-z']+", text.lower().replace("-", " "))
+
+
+def word_errors(reference, hypothesis):
+    """``(edits, reference words)``: the word-level Levenshtein distance."""
+    ref, hyp = _words(reference), _words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i in range(1, len(ref) + 1):
+        diagonal, row[0] = row[0], i
+        for j in range(1, len(hyp) + 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (ref[i - 1] != hyp[j - 1]))
+    return row[len(hyp)], len(ref)
+
+
+def tail_rows(paths, threads):
+    """Word error rate and exact transcripts of the corpus's synthetic interruptions, each cut
+    TAILS_MS after its speech (its last 20 ms frame above a tenth of its level)."""
+    from .interruption_corpus import Renderer, cases, corpus_folder
+
+    stt = WhisperSTT(paths["stt"], threads)
+    renderer = Renderer(KokoroTTS(paths["tts_model"], paths["tts_voices"], threads), corpus_folder())
+    chosen = [c for c in cases() if c.kind == "interruption" and not c.voice.startswith("human")]
+    errors, words, exact = dict.fromkeys(TAILS_MS, 0), dict.fromkeys(TAILS_MS, 0), dict.fromkeys(TAILS_MS, 0)
+    lead = 24_000 * 3 // 10  # 300 ms of the case's noise before the speech, as the VAD's prefix
+    for case in chosen:
+        speech = renderer.utterance(case)
+        frames = speech[:len(speech) // 480 * 480].reshape(-1, 480)
+        loud = np.flatnonzero(np.sqrt((frames ** 2).mean(axis=1)) > renderer.LEVEL / 10)
+        end = lead + ((loud[-1] + 1) * 480 if len(loud) else len(speech))
+        heard = np.concatenate([np.zeros(lead, np.float32), speech, np.zeros(24_000, np.float32)])
+        heard = heard + renderer.noise(case, len(heard))
+        for tail in TAILS_MS:
+            audio = soxr.resample(heard[:end + tail * 24], 24_000, 16_000).astype(np.float32)
+            edits, count = word_errors(case.phrase, stt.transcribe(audio, "en"))
+            errors[tail] += edits
+            words[tail] += count
+            exact[tail] += edits == 0
+    return [{"tail_ms": tail, "utterances": len(chosen), "word_error_rate": round(errors[tail] / words[tail], 3),
+             "exact": exact[tail]} for tail in TAILS_MS]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -196,6 +248,8 @@ def main(argv=None):
         result["tts_two_at_once"] = tts_at_once_rows(paths, args.repeats)
     if "stt-multilingual" in stages:
         result["stt_multilingual"] = multilingual_rows(args.repeats, DEFAULTS["THREADS"]["stt"])
+    if "stt-tail" in stages:
+        result["stt_tail"] = tail_rows(paths, DEFAULTS["THREADS"]["stt"])
     emit("stages", result)
 
 

@@ -3,6 +3,7 @@ server, with the default session (barge-in on) for each turn detection type.
 
     python -m bench.turn_latency [--runs 3] [--turn-detection server_vad,semantic_vad]
                                  [--threads '{"llm": 2, "tts": 2}'] [--settings '{"SPECULATIVE_REPLIES": false}']
+                                 [--project-dir CHECKOUT]
 
 For each completed response: milliseconds from the end of the user's speech to speech_stopped,
 committed, the transcript, response.created, the first LLM text and phrase, the first TTS audio
@@ -105,9 +106,10 @@ def main(argv=None):
     parser.add_argument("--recordings", default=",".join(RECORDINGS))
     parser.add_argument("--settings", type=json.loads, default={}, help="more S2S settings, JSON "
                         "(e.g. '{\"SPECULATIVE_REPLIES\": false}' for the measure without speculative replies)")
+    parser.add_argument("--project-dir", default=None, help="serve another checkout (a \"before\" of a change)")
     args = parser.parse_args(argv)
     settings = {"STATUS_TOKEN": TOKEN, **({"THREADS": args.threads} if args.threads else {}), **args.settings}
-    server = start_server(1, settings)
+    server = start_server(1, settings, project_dir=args.project_dir)
     results = []
     try:
         recordings = {name: RECORDINGS[name] for name in args.recordings.split(",")}
@@ -121,7 +123,8 @@ def main(argv=None):
                             "server_cpu_seconds_per_turn": round(cpu / max(1, len(rows)), 2), "rows": rows})
     finally:
         server.stop()
-    emit("turn_latency", {"threads": args.threads or "default", "settings": args.settings, "results": results})
+    emit("turn_latency", {"threads": args.threads or "default", "settings": args.settings,
+                          "project_dir": args.project_dir, "results": results})
 
 
 if __name__ == "__main__":

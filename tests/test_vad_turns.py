@@ -296,8 +296,7 @@ def test_a_speculation_waiting_in_the_compute_queue_holds_up_no_peek_and_no_comm
     inbox.put(None)
 
 
-def test_a_commit_that_comes_while_its_speculation_waits_makes_it_due_now_and_it_is_not_announced(monkeypatch):
-    monkeypatch.setattr("pool.pipeline.stages.stt.SPECULATION_SLACK_S", 60.0)  # due long after the rest
+def test_a_commit_that_comes_while_its_speculation_waits_makes_it_due_now_and_it_is_not_announced():
     stt = PeekingSTT()
     stage = STTStage(Backends(None, stt, None, None))
     events, ran = [], []
@@ -307,7 +306,7 @@ def test_a_commit_that_comes_while_its_speculation_waits_makes_it_due_now_and_it
     stage._queue.submit(0.0, lambda: (busy.set(), synthesis.wait(10)))
     assert busy.wait(5)
     inbox = stt_thread(stage, ctx)
-    inbox.put(m.Speculate("item_1", audio[:8000], "en"))
+    inbox.put(m.Speculate("item_1", audio[:8000], "en", commit_in_ms=60_000))  # due long after the rest
     assert wait_for(lambda: stage._queue.pending() == 1)
     inbox.put(m.Transcribe("item_1", audio[:9600], "en", speculated_samples=8000))
     assert wait_for(lambda: stage._speculation is None)  # the commit took it, and waits for it

@@ -252,6 +252,7 @@ class Speculate(StageWork):
     audio: object  # float32 @ 16 kHz
     language: str | None
     prompt: str | None = None  # the session's STT prompt (ConfigureInput)
+    commit_in_ms: int = 300  # the earliest the commit can come if the pause goes on (its deadline)
 
 
 @dataclass

@@ -11,10 +11,6 @@ from pool.pipeline import messages as m
 from pool.pipeline.compute import queue_of
 from pool.pipeline.stages.base import Stage
 
-# A speculation (the speech at its first pause) is of use if done by the commit: at the default
-# server_vad, 500 ms of silence against the 200 ms it starts at (stages.vad.SPECULATE_MS).
-SPECULATION_SLACK_S = 0.3
-
 
 @dataclass(eq=False)
 class _Speculation:
@@ -36,7 +32,8 @@ class STTStage(Stage):
     dropped).
 
     Transcriptions of turns run in the process's deadline-first compute queue
-    (``pool.pipeline.compute``): a commit's is due now, a speculation's SPECULATION_SLACK_S later.
+    (``pool.pipeline.compute``): a commit's is due now, a speculation's when its commit could
+    come (``Speculate.commit_in_ms``: the silence timer or the end-of-turn check).
     A peek runs at once, beside the queue. The stage waits for a commit's transcript, never for a
     speculation's: a speculation behind other units' synthesis must not hold up a peek or
     another item's commit (a peek behind one waited 2.0-2.2 s in an e2e run). Its Speculated is
@@ -102,7 +99,7 @@ class STTStage(Stage):
                 ctx.emit(m.Speculated(speculation.item_id, transcript, language, speculation.samples))
 
     def _speculate(self, ctx, msg):
-        speculation = _Speculation(msg.item_id, len(msg.audio), time.perf_counter() + SPECULATION_SLACK_S)
+        speculation = _Speculation(msg.item_id, len(msg.audio), time.perf_counter() + msg.commit_in_ms / 1000)
         speculation.future = self._submit(lambda: speculation.due, msg)
         with self._lock:
             self._speculation = speculation

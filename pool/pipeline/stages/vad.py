@@ -20,8 +20,11 @@ NEG_THRESHOLD_GAP = 0.15  # speech ends below threshold - 0.15 (Silero's get_spe
 # does not interrupt. Silero's get_speech_timestamps uses 250 ms; shorter keeps a quick "No.".
 MIN_SPEECH_MS = 160
 # Speculative transcription: at this much silence the speech so far is transcribed, so a turn that
-# ends at this pause has its transcript ready (or under way) when the silence commits it. With
-# an end-of-turn model it starts halfway to the model's check, which may commit at once.
+# ends at this pause has its transcript, and its speculative reply its first phrase, ready (or
+# under way) when the silence commits it. With an end-of-turn model it starts halfway to the
+# model's check, which may commit at once. Not 100: the first phrase came ~100 ms sooner, but
+# Whisper tiny.en heard JFK's pauses worse 100 ms in ("S NOT", "like your cut" for "what your
+# country can do"), and the commit reuses what the speculation heard (BENCHMARKS.md, section 1f).
 SPECULATE_MS = 200
 # A peek asked for (speech over the assistant) is made at the first pause this long, before it
 # holds the voiced audio asked for: "Wait." is 0.4 s of speech.
@@ -359,7 +362,8 @@ class VADStage(Stage):
             return
         audio = self._in.audio()
         speech.speculated = len(audio)
-        self._stt_inbox.put((ctx, m.Speculate(speech.item_id, audio, self._in.language, self._in.prompt)))
+        commit_in_ms = (td.check_ms or td.silence_ms) - at_ms  # semantic_vad may commit at its check
+        self._stt_inbox.put((ctx, m.Speculate(speech.item_id, audio, self._in.language, self._in.prompt, commit_in_ms)))
 
     def _finished_early(self, td):
         """semantic_vad: at the first ``check_ms`` of a pause, the end-of-turn model decides."""
