@@ -3,12 +3,16 @@ same recording at the same moment, so that every reply is asked for at once. Fir
 end of speech (p50/p95, and p50 as a multiple of the single conversation's in the same run), and
 playback stalls: the silence a listener hears mid-reply, playing the audio in real time.
 
-    python -m bench.throughput [--pools 1,2,4,8] [--rounds 2] [--compare]
+    python -m bench.throughput [--pools 1,2,4,8] [--rounds 2] [--stagger 0] [--compare | --compare-background]
 
 ``--compare`` runs each pool twice in one run: with ``COMPUTE_RUNS_AT_ONCE`` = 3 x the pool size
 (every unit's Whisper, llama.cpp and Kokoro runs at once, the cores shared by the OS: the
 behaviour before the deadline-first queue) and with the default (one run at a time, earliest
-deadline first).
+deadline first). ``--compare-background`` runs each pool without the compute queue's background
+lane (``COMPUTE_BACKGROUND`` off: work due later and speculative work wait in the one lane) and
+with it (the default). ``--stagger S`` starts client i of a pool S x i seconds after the first:
+people who do not all stop speaking at the same moment, so that a turn ends while other replies
+are being spoken (and their later phrases synthesized).
 """
 
 import argparse
@@ -39,20 +43,26 @@ def outcomes(conversation):
     return ended
 
 
-async def everyone(server, pool, rounds):
+async def everyone(server, pool, rounds, stagger=0.0):
+    """Each round, every client says the same recording, client i ``stagger`` x i seconds after
+    the first (0: at the same moment)."""
     names = ["hotwords", "stereo"]
     rows, replies = [], collections.Counter()
-    for r in range(rounds):  # each round, every client says the same recording at the same moment
-        conversations = await asyncio.gather(*(converse(f"{server.base_url}/realtime", RECORDINGS[names[r % 2]],
-                                                        SESSION) for _ in range(pool)))
+
+    async def client(i, recording):
+        await asyncio.sleep(i * stagger)
+        return await converse(f"{server.base_url}/realtime", recording, SESSION)
+
+    for r in range(rounds):
+        conversations = await asyncio.gather(*(client(i, RECORDINGS[names[r % 2]]) for i in range(pool)))
         rows += [row for conversation in conversations for row in turns(conversation, unfinished=True)]
         for conversation in conversations:
             replies += outcomes(conversation)
     return rows, replies
 
 
-def run(server, pool, rounds):
-    rows, replies = asyncio.run(everyone(server, pool, rounds))
+def run(server, pool, rounds, stagger=0.0):
+    rows, replies = asyncio.run(everyone(server, pool, rounds, stagger))
     stalls = [r["playback_stall"] for r in rows]
     return {"pool_size": pool, "turns": len(rows), "replies": dict(replies), "first_audio_ms": stats([r["first_audio"] for r in rows]),
             "transcript_ms": stats([r["transcript"] for r in rows]), "playback_stall_ms": stats(stalls),
@@ -65,18 +75,24 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--compare", action="store_true",
                         help="each pool also with every model run at once (before the queue)")
+    parser.add_argument("--stagger", type=float, default=0.0,
+                        help="seconds between the clients' starts (0: all at the same moment)")
+    parser.add_argument("--compare-background", action="store_true",
+                        help="each pool also without the background lane (COMPUTE_BACKGROUND off)")
     args = parser.parse_args(argv)
     pools = [int(p) for p in args.pools.split(",")]
     configurations = {"deadline_first": lambda pool: {}}
     if args.compare:
         configurations = {"all_at_once": lambda pool: {"COMPUTE_RUNS_AT_ONCE": 3 * pool}, **configurations}
+    if args.compare_background:
+        configurations = {"one_lane": lambda pool: {"COMPUTE_BACKGROUND": False}, **configurations}
     results = {}
     for name, settings in configurations.items():
         rows = []
         for pool in pools:
             server = start_server(pool, settings(pool))
             try:
-                rows.append(run(server, pool, args.rounds))
+                rows.append(run(server, pool, args.rounds, args.stagger))
             finally:
                 server.stop()
         single = next((row["first_audio_ms"]["p50"] for row in rows if row["pool_size"] == 1 and row["turns"]), None)
@@ -84,7 +100,7 @@ def main(argv=None):
             if single and row["first_audio_ms"]:
                 row["first_audio_p50_vs_single"] = round(row["first_audio_ms"]["p50"] / single, 2)
         results[name] = rows
-    emit("throughput_under_load", {"silence_ms": 500, "configurations": results})
+    emit("throughput_under_load", {"silence_ms": 500, "stagger_s": args.stagger, "configurations": results})
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ DEFAULTS = {
     # library, so a waiting user's turn is done soonest; 3 x the pool size: every unit's at once,
     # the cores shared by the OS (as before the queue).
     "COMPUTE_RUNS_AT_ONCE": 1,
+    # Speculative syntheses run beside those, at the lowest OS priority, on a second copy of the
+    # TTS model (about 150 MB more): the kernel gives the cores to real work at once, so a user
+    # who stops speaking never waits for a reply that may never be used (Linux only).
+    "COMPUTE_BACKGROUND": True,
     # A connect that finds every unit busy but some draining waits this long for one (seconds).
     "CLAIM_WAIT_SECONDS": 3.0,
     # Close a session that sends nothing for this many seconds (None: never).

@@ -216,3 +216,94 @@ def test_a_stuck_call_holds_only_its_own_caller():
     assert queue.result(other, poll=0.1) == "another unit's phrase" and not stuck.done()
     gate.release()
     assert stuck.result(5) == "running"
+
+
+def background_queue():
+    """A queue with the background lane, whose background worker is busy with speculative work
+    (due never, for a model with a low-priority copy: here the same gate) until the gate opens."""
+    queue, gate = ComputeQueue("lanes", background=True), Gate()
+    speculative = queue.submit(WHENEVER, gate, "speculative reply", background=gate)
+    assert gate.started.wait(5)
+    return queue, gate, speculative
+
+
+def test_work_due_now_does_not_wait_for_a_background_run():
+    """One run cannot be interrupted: with one lane, a user who stopped speaking waited for the
+    speculative reply (or the later phrase) that had the cores. In the background lane it runs
+    beside the foreground, and the user's first phrase starts at once."""
+    queue, gate, speculative = background_queue()
+    first_phrase = queue.submit(time.perf_counter(), str, "a waiting user's first phrase")
+    assert first_phrase.result(5) == "a waiting user's first phrase"
+    assert not speculative.done()  # still running: the first phrase did not wait for it
+    gate.release()
+    assert speculative.result(5) == "speculative reply"
+
+
+def test_speculative_work_runs_in_the_background_lane_on_its_low_priority_model():
+    """The background lane calls ``background`` (the model's low-priority copy) on a thread at
+    the lowest OS priority, for speculative work only: another reply's later phrase is real work
+    and keeps the foreground's deadline order, on the model itself."""
+    import os
+
+    from pool.backends.base import LOWEST_PRIORITY_NICE
+
+    queue = ComputeQueue("lanes", background=True)
+
+    def where(model):
+        return lambda: (model, threading.current_thread().name,
+                        os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    def run(deadline):
+        return queue.submit(deadline, where("model"), background=where("low-priority copy")).result(5)
+
+    normal = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert run(time.perf_counter()) == ("model", "lanes-0", normal)
+    assert run(time.perf_counter() + 3.0) == ("model", "lanes-0", normal)
+    assert run(WHENEVER) == ("low-priority copy", "lanes-background", LOWEST_PRIORITY_NICE)
+
+
+def test_work_without_a_low_priority_model_waits_its_turn_in_the_foreground():
+    """A model with no low-priority copy (llama.cpp, Whisper) runs its own threads at normal
+    priority whoever calls it: in the background lane it would take the cores from the work due
+    now (the LLM's next part of one reply beside another user's first phrase). Such work stays
+    in the foreground's deadline order."""
+    queue, gate = ComputeQueue("lanes", background=True), Gate()
+    first_phrase = queue.submit(time.perf_counter(), gate, "a waiting user's first phrase")
+    assert gate.started.wait(5)
+    llm_part = queue.submit(WHENEVER, lambda: threading.current_thread().name)
+    assert not wait_for(lambda: queue.pending() == 0, timeout=0.3)  # the idle background worker leaves it
+    gate.release()
+    assert first_phrase.result(5) and llm_part.result(5) == "lanes-0"
+
+
+def test_a_background_run_that_becomes_due_first_keeps_the_cores():
+    """A speculative reply adopted while its phrase is synthesized in the background is due
+    first of all: the foreground starts nothing beside it (a later-due run would take the cores
+    from it, at the lowest priority), and goes on once it is done."""
+    queue, gate = ComputeQueue("lanes", background=True), Gate()
+    job = m.ResponseJob("resp_spec", None, "audio", "alloy", 1.0, None, speculative=True)
+    job.marks.speech_stopped = time.perf_counter()
+    adopted = queue.submit(job.due, gate, "the speculative reply's first phrase", background=gate)
+    assert gate.started.wait(5)  # running in the background: due never
+    job.adopt()  # due when its user stopped speaking, before the call below
+    other = Gate()
+    later = queue.submit(time.perf_counter(), other, "another user's first phrase")
+    assert not other.started.wait(0.3)  # it would start within RECHECK_SECONDS if it were let
+    gate.release()
+    assert adopted.result(5) and other.started.wait(5)
+    other.release()
+    assert later.result(5) == "another user's first phrase"
+
+
+def test_a_background_run_that_keeps_the_cores_too_long_is_no_longer_waited_for():
+    """A wedged model in the background lane must not stop the foreground: the foreground waits
+    for a background run due first only while that run has had the cores STUCK_SECONDS."""
+    queue, gate = ComputeQueue("lanes", background=True), Gate()
+    queue.STUCK_SECONDS = 0.3
+    due = [WHENEVER]
+    wedged = queue.submit(lambda: due[0], gate, "wedged", background=gate)
+    assert gate.started.wait(5)  # in the background lane
+    due[0] = time.perf_counter() - 60  # due before anything else now
+    assert queue.submit(time.perf_counter(), str, "another user's first phrase").result(5)
+    assert not wedged.done()
+    gate.release()

@@ -132,3 +132,31 @@ def test_kokoro_fp32_says_what_int8_says(prepared):
     for samples in spoken.values():
         heard = stt.transcribe(soxr.resample(samples, 24_000, 16_000)).lower()
         assert all(word in heard for word in ("museum", "opens", "tuesday", "morning")), heard
+
+
+def test_kokoro_stops_a_synthesis_when_asked_and_its_low_priority_copy_speaks_alike(prepared):
+    """A cancelled reply's phrase is stopped mid-run (onnxruntime's terminate flag), and the copy
+    of the model the compute queue's background lane runs at the lowest priority says the same."""
+    import threading
+
+    import soxr
+
+    from pool.backends.base import RunStop, RunStoppedError
+    from pool.backends.stt import WhisperSTT
+    from pool.backends.tts import KokoroTTS
+
+    paths = default_paths(prepared)
+    tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], threads=2)
+    story = ("Once upon a time, in a small village by the sea, there lived an old fisherman who told "
+             "stories every evening to the children of the town, and they listened until the stars came out.")
+    stop = RunStop()
+    threading.Timer(0.2, stop.request).start()  # this synthesis takes more than a second on 2 cores
+    with pytest.raises(RunStoppedError):
+        tts.synthesize(story, "am_michael", stop=stop)
+    text = "The museum opens at nine on Tuesday morning."
+    stt = WhisperSTT(paths["stt"], threads=2)
+    spoken = [tts.synthesize(text, "am_michael", stop=RunStop()), tts.at_lowest_priority().synthesize(text, "am_michael")]
+    assert abs(len(spoken[0]) - len(spoken[1])) < 0.05 * len(spoken[0])
+    for samples in spoken:
+        heard = stt.transcribe(soxr.resample(samples, 24_000, 16_000)).lower()
+        assert all(word in heard for word in ("museum", "opens", "tuesday", "morning")), heard

@@ -42,7 +42,7 @@ def test_a_cancel_during_synthesis_frees_the_stage_at_once_and_sends_nothing_of_
     real, synthesized, release = ScriptedTTS.synthesize, threading.Event(), threading.Event()
 
     def slow(self, text, voice, speed=1.0):
-        release.wait(10)  # one ONNX run cannot be interrupted: this one lasts until released
+        release.wait(10)  # a TTS that cannot stop mid-run: this one lasts until released
         synthesized.set()
         return real(self, text, voice, speed)
 
@@ -55,6 +55,37 @@ def test_a_cancel_during_synthesis_frees_the_stage_at_once_and_sends_nothing_of_
     assert emitted == [] and reply.phrases_spoken == 0
     emitted, _ = run_stage(stage, [m.JobEnd(reply, {})])  # the reply still ends, without final audio
     assert [type(e) for e in emitted] == [m.ResponseFinished]
+
+
+def test_a_cancel_stops_the_synthesis_running_for_it_and_the_cores_go_to_the_next_call():
+    """A TTS that ``stops`` (Kokoro) is asked to end the cancelled reply's run: the compute queue's
+    worker is free for another unit's phrase at once, instead of after the unheard synthesis."""
+    from pool.backends.base import RunStoppedError
+
+    stopped, started = threading.Event(), threading.Event()
+
+    class StoppingTTS(ScriptedTTS):
+        stops = True
+
+        def synthesize(self, text, voice, speed=1.0, stop=None):
+            if text.startswith("A long"):
+                started.set()
+                stop.on_request(stopped.set)
+                if stopped.wait(10):  # a run that only a stop ends early
+                    raise RunStoppedError(text)
+            return super().synthesize(text, voice, speed)
+
+    SCRIPT.reset()
+    backends = Backends(None, None, None, StoppingTTS())
+    cancelled_unit, other_unit = TTSStage(backends), TTSStage(backends)
+    reply = job()
+    threading.Thread(target=lambda: (started.wait(5), reply.cancelled.set())).start()
+    emitted, _ = run_stage(cancelled_unit, [m.Phrase(reply, "A long sentence that takes a while.")])
+    assert emitted == [] and stopped.is_set()
+    other = job()
+    emitted, _ = run_stage(other_unit, [m.Phrase(other, "Next.")])  # the worker is free: no 10 s wait
+    assert [e.transcript for e in emitted] == ["Next."]
+    assert SCRIPT.tts_texts == ["Next."]  # the stopped run made nothing
 
 
 def test_a_function_call_between_phrases_keeps_its_place(stage):

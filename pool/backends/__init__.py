@@ -14,7 +14,7 @@ import time
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from pool.backends.base import Backends
+from pool.backends.base import PER_THREAD_PRIORITY, Backends
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +116,15 @@ def load_default(config):
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise PreparationError(f"{path} could not be loaded ({type(exc).__name__}: {first}); {mend}.") from exc
 
+    tts = load("TTS_MODEL", paths["tts_model_fp32" if variant == "fp32" else "tts_model"], lambda path: KokoroTTS(
+        path, config["TTS_VOICES"] or paths["tts_voices"], threads["tts"]))
     backends = Backends(
         vad=load("VAD_MODEL", paths["vad"], lambda path: SileroVAD(path, threads["vad"])),
         stt=load("STT_MODEL", paths["stt"], lambda path: WhisperSTT(
             path, threads["stt"], None if config["STT_MODEL"] else STT_NAMES[preset])),
         llm=load("LLM_MODEL", chosen_llm(cache) or paths["llm"], lambda path: load_llm(config, path)),
-        tts=load("TTS_MODEL", paths["tts_model_fp32" if variant == "fp32" else "tts_model"], lambda path: KokoroTTS(
-            path, config["TTS_VOICES"] or paths["tts_voices"], threads["tts"])),
+        tts=tts,
+        tts_background=tts.at_lowest_priority() if config["COMPUTE_BACKGROUND"] and PER_THREAD_PRIORITY else None,
         turn=load("TURN_MODEL", paths["turn"], SmartTurn),
         denoise=load_denoiser(),
         echo=load_echo_canceller(),

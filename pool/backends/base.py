@@ -5,15 +5,92 @@ Structural typing: a backend is any object with its Protocol's methods, nothing 
 module loads no model runtime, so the protocol layer and the pipeline may import it.
 """
 
+import logging
+import os
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+log = logging.getLogger(__name__)
+
 SPEECH_RATE = 16_000  # Hz: what the VAD, the STT and the end-of-turn model take (mono float32)
 TTS_RATE = 24_000  # Hz: what the TTS returns (mono float32)
 VAD_WINDOW_SAMPLES = 512  # samples at 16 kHz per VAD call (32 ms), fixed by Silero VAD v5/v6
+
+
+LOWEST_PRIORITY_NICE = 19  # Linux's weakest nice value: ~1.5 % of a core beside a nice-0 thread
+PER_THREAD_PRIORITY = sys.platform.startswith("linux")  # elsewhere a nice value is the whole process's
+
+
+def lower_thread_priority():
+    """Run the calling thread, and every thread it starts from now on, at the lowest OS priority
+    (nice LOWEST_PRIORITY_NICE): under contention the kernel gives the cores to normal threads
+    at once. Linux only (there a nice value belongs to one thread, and new threads inherit it);
+    elsewhere, or when the kernel refuses, nothing changes (logged). Returns whether it did."""
+    if not PER_THREAD_PRIORITY:
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY_NICE)
+    except OSError as exc:
+        log.warning("could not lower the priority of thread %s: %s", threading.current_thread().name, exc)
+        return False
+    return True
+
+
+def at_lowest_priority(make):
+    """``make()`` called on a new thread at the lowest OS priority (``lower_thread_priority``),
+    so that the threads it starts (a model runtime's thread pool) run there too; its result.
+    Raises what ``make`` raised."""
+    outcome = {}
+
+    def run():
+        lower_thread_priority()
+        try:
+            outcome["value"] = make()
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="low-priority-loader")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+class RunStoppedError(Exception):
+    """A model run ended early because its ``RunStop`` was requested."""
+
+
+class RunStop:
+    """A request to end one model run early (a reply cancelled while its phrase is synthesized),
+    made from any thread with ``request()``. A backend that can stop mid-run registers what stops
+    it with ``on_request(callback)``; the callback runs at once if the stop was requested already."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._callbacks = []
+        self.requested = False
+
+    def request(self):
+        with self._lock:
+            if self.requested:
+                return
+            self.requested = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_request(self, callback):
+        with self._lock:
+            if not self.requested:
+                self._callbacks.append(callback)
+                return
+        callback()
 
 
 class VADStream(Protocol):
@@ -64,6 +141,9 @@ class LLM(Protocol):
 class TTS(Protocol):
     voices: frozenset  # voice names the model has
     languages: frozenset  # ISO 639-1 codes of those voices
+    # Optional ``stops: bool``: True when ``synthesize`` takes ``stop`` (a ``RunStop``), ends the
+    # run soon after it is requested and raises ``RunStoppedError``; without it, a synthesis runs to
+    # its end (a cancelled reply's phrase then keeps the cores up to a second).
 
     def resolve_voice(self, name: str) -> str:
         """The model's voice for a session's ``voice`` (an OpenAI voice name maps to one)."""
@@ -91,6 +171,11 @@ class Backends:
     # None: no echo cancellation. Else has new_stream() -> an object with process(captured,
     # reference), both float32 @ 16 kHz, -> float32 @ 16 kHz, and reset() (pool.backends.echo).
     echo: object = None
+    # The TTS model again, in a runtime whose threads run at the lowest OS priority
+    # (``at_lowest_priority``): the compute queue's background lane synthesizes phrases due
+    # later with it, and the kernel preempts it for work due now (pool.pipeline.compute).
+    # None: that lane calls ``tts``.
+    tts_background: TTS | None = None
 
 
 @dataclass

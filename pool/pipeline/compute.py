@@ -7,12 +7,25 @@ cores): the first phrase a waiting user needed competed with the fourth sentence
 that still had seconds of audio queued (BENCHMARKS.md, section 5). A ``ComputeQueue`` runs the
 model calls of all units ``workers`` at a time, earliest deadline first (EDF): a turn's
 transcript and its reply's first phrase are due when the user stopped speaking, a later phrase
-when the audio its client holds runs out, speculative work never (``WHENEVER``: it runs when
-nothing else waits).
+when the audio its client holds runs out, speculative work never (``WHENEVER``).
 
 ``workers=1`` by default (``COMPUTE_RUNS_AT_ONCE``): one Kokoro run on both cores finishes a
 phrase in about 60 % of the time of two runs on one core each (BENCHMARKS.md, section 5), and
 what a waiting user hears first is one phrase.
+
+**Speculative work runs in the background lane** (``background=True``, ``COMPUTE_BACKGROUND``).
+One model run cannot be paused (an ONNX run of a phrase takes most of a second), so with one
+lane a user who stopped speaking waited for a speculative reply's synthesis that had the cores
+and may never be used. The background lane is one more worker whose thread, and the model
+runtime it calls (``background`` of ``submit``: the same model in a runtime whose threads run at
+the lowest OS priority; Kokoro's, ``Backends.tts_background``), yield the cores at once: the
+kernel preempts them for the foreground. Speculative work of a model with such a copy runs
+there; everything else runs in the foreground in deadline order, as with one lane: llama.cpp's
+and Whisper's threads run at normal priority whoever calls them, and another reply's later
+phrase is real work (measured in the background too, it made the playback stalls of an
+overloaded pool 2-3 times longer: BENCHMARKS.md, section 5c). A background run whose reply is
+adopted meanwhile is due like any other: when it is due first of all, the foreground waits for
+it instead of starting later-due work beside it. Linux only (per-thread nice values).
 """
 
 import itertools
@@ -22,19 +35,42 @@ import time
 import weakref
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from pool.backends.base import PER_THREAD_PRIORITY, lower_thread_priority
+from pool.conf import get_config
 
 WHENEVER = math.inf  # the deadline of speculative work: due never, run when nothing else is due
 IDLE_SECONDS = 5.0  # how often an idle worker looks whether its queue still exists (or is surplus)
+RECHECK_SECONDS = 0.02  # a worker with work waiting that it may not take yet looks again this often
+
+
+@dataclass(eq=False)
+class _Call:
+    deadline: object  # perf_counter seconds, WHENEVER, or a callable returning either
+    order: int
+    fn: object
+    args: tuple
+    kwargs: dict
+    background: object = None  # what runs instead of fn in the background lane (None: fn)
+
+    def rank(self):
+        return (self.deadline() if callable(self.deadline) else self.deadline), self.order
 
 
 class ComputeQueue:
     """Calls to the shared models, run ``workers`` at a time on daemon threads named
-    ``{name}-N``, the earliest deadline first (ties: the earliest submitted). Workers
-    start with the first call and end once the queue is gone (its model unloaded).
+    ``{name}-N``, the earliest deadline first (ties: the earliest submitted); with
+    ``background``, speculative work runs on one more thread, ``{name}-background``, at the
+    lowest OS priority (the module's docstring). Workers start with the first call and end once
+    the queue is gone (its model unloaded).
 
     ``submit`` returns a ``concurrent.futures.Future``; cancelling it removes the call from the
-    queue at once (a call already running runs to its end: one ONNX run cannot be interrupted).
-    The future's ``compute_seconds`` is the call's own run time, without its wait in the queue.
+    queue at once (a call already running runs to its end, unless its model takes a
+    ``pool.backends.base.RunStop`` and the caller requests it: Kokoro's does).
+    The future's ``compute_seconds`` is the call's own run time, without its wait in the queue;
+    its ``background`` says whether it ran in the background lane, where that time includes
+    whatever the foreground took from it (not a measure of the model's speed).
     Wait for it with ``result(future)``: a call that has run STUCK_SECONDS (a wedged model) no
     longer counts against ``workers``, so the other units' calls get a worker of their own and
     the stuck unit alone waits (to be quarantined by its drain); surplus workers end when idle.
@@ -42,25 +78,30 @@ class ComputeQueue:
 
     STUCK_SECONDS = 5.0  # far beyond any one call: Kokoro's longest phrase takes ~1.5 s here
 
-    def __init__(self, name, workers=1):
+    def __init__(self, name, workers=1, background=False):
         self.name = name
         self._workers = workers
-        self._threads = []
+        self._background = background and PER_THREAD_PRIORITY
+        self._threads = []  # the foreground's
+        self._background_thread = None
         self._busy = {}  # worker thread -> perf_counter when its current call started
-        self._waiting = {}  # future -> (deadline, order, call)
+        self._background_call = None  # the _Call running on the background worker
+        self._yielding_since = None  # since when the foreground has waited for that call
+        self._waiting = {}  # future -> _Call
         self._order = itertools.count()
         self._ready = threading.Condition()
 
-    def submit(self, deadline, fn, *args, **kwargs):
+    def submit(self, deadline, fn, *args, background=None, **kwargs):
         """Queue ``fn(*args, **kwargs)``, due at ``deadline``: ``time.perf_counter()`` seconds,
         ``WHENEVER`` for speculative work, or a callable returning either, asked each time a
         worker picks its next call (a speculative reply the session adopts moves up at once).
-        Returns its Future."""
+        ``background``: what the background lane calls instead of ``fn``, with the same
+        arguments (the same model in a low-priority runtime); None: ``fn``. Returns its Future."""
         future = Future()
         with self._ready:
-            self._waiting[future] = (deadline, next(self._order), (fn, args, kwargs))
+            self._waiting[future] = _Call(deadline, next(self._order), fn, args, kwargs, background)
             self._start_workers()
-            self._ready.notify()
+            self._ready.notify_all()
         future.add_done_callback(self._forget)
         return future
 
@@ -83,10 +124,6 @@ class ComputeQueue:
         with self._ready:
             return len(self._waiting)
 
-    def _rank(self, future):  # under self._ready
-        deadline, order, _ = self._waiting[future]
-        return (deadline() if callable(deadline) else deadline), order
-
     def _forget(self, future):
         if future.cancelled():
             with self._ready:
@@ -98,62 +135,113 @@ class ComputeQueue:
 
     def _start_workers(self):  # under self._ready
         while self._waiting and self._unstuck_workers() < self._workers or len(self._threads) < self._workers:
-            thread = threading.Thread(target=_work, args=(weakref.ref(self),), daemon=True,
+            thread = threading.Thread(target=_work, args=(weakref.ref(self), False), daemon=True,
                                       name=f"{self.name}-{len(self._threads)}")
             self._threads.append(thread)
             thread.start()
+        if self._background and self._background_thread is None:
+            self._background_thread = threading.Thread(target=_work, args=(weakref.ref(self), True), daemon=True,
+                                                       name=f"{self.name}-background")
+            self._background_thread.start()
 
-    def _next(self):
-        """The earliest-due call; None when none came for IDLE_SECONDS; False when this worker
-        is surplus (started beside a stuck one) and idle: it ends."""
+    def _pick(self, background):  # under self._ready
+        """The future this worker runs next, or None: the earliest-due call of its lane."""
+        ranked = sorted(self._waiting.items(), key=lambda item: item[1].rank())  # a handful of units
+        if not self._background:
+            return ranked[0][0] if ranked else None
+        if background:
+            return next((future for future, call in ranked if _speculative(call)), None)
+        first = next(((future, call) for future, call in ranked if not _speculative(call)), None)
+        if first is None:
+            return None
+        running = self._background_call
+        if running is not None and running.rank() < first[1].rank():
+            # The background run is due first (its reply was adopted): it has the cores until it
+            # is done. How long it waited before says nothing (the foreground preempted it);
+            # only STUCK_SECONDS of having the cores to itself make it a wedged model.
+            now = time.perf_counter()
+            if self._yielding_since is None:
+                self._yielding_since = now
+            if now - self._yielding_since < self.STUCK_SECONDS:
+                return None
+        else:
+            self._yielding_since = None
+        return first[0]
+
+    def _next(self, background):
+        """The next ``(future, call)`` of this worker's lane; None when none came for
+        IDLE_SECONDS; False when this worker is surplus (started beside a stuck one) and idle:
+        it ends."""
         me = threading.current_thread()
         with self._ready:
             self._busy.pop(me, None)
-            if not self._ready.wait_for(lambda: self._waiting, IDLE_SECONDS):
-                if len(self._threads) > self._workers:
-                    self._threads.remove(me)
-                    return False
-                return None
-            future = min(self._waiting, key=self._rank)  # a handful of units: a scan is enough
-            _, _, call = self._waiting.pop(future)
+            if background:
+                self._background_call = None
+            self._ready.notify_all()  # a foreground worker may have waited for this call
+            idle_until = time.monotonic() + IDLE_SECONDS
+            while (future := self._pick(background)) is None:
+                remaining = idle_until - time.monotonic()
+                if remaining <= 0:
+                    if not background and len(self._threads) > self._workers:
+                        self._threads.remove(me)
+                        return False
+                    return None
+                # Deadlines move with time (and callables with the session): look again soon.
+                self._ready.wait(min(remaining, RECHECK_SECONDS) if self._waiting else remaining)
+            call = self._waiting.pop(future)
             self._busy[me] = time.perf_counter()
+            if background:
+                self._background_call, self._yielding_since = call, None
             return future, call
 
 
-def _work(queue_ref):
+def _speculative(call):
+    """Work for the background lane: due never, for a model with a low-priority copy."""
+    return call.background is not None and call.rank()[0] == WHENEVER
+
+
+def _work(queue_ref, background):
     """A worker's loop. It holds its queue only while it takes a call, so a queue no one else
     holds is collected and its idle workers end."""
+    if background:
+        lower_thread_priority()
     while (queue := queue_ref()) is not None:
-        work = queue._next()
+        work = queue._next(background)
         del queue
         if work is False:
             return
         if work is None:
             continue
-        future, (fn, args, kwargs) = work
+        future, call = work
         if not future.set_running_or_notify_cancel():
             continue
+        fn = (call.background or call.fn) if background else call.fn
+        future.background = background
         started = time.perf_counter()
         try:
-            result = fn(*args, **kwargs)
+            result = fn(*call.args, **call.kwargs)
         except BaseException as exc:  # noqa: BLE001 - the caller's future carries it
             future.compute_seconds = time.perf_counter() - started
             future.set_exception(exc)
         else:
             future.compute_seconds = time.perf_counter() - started
             future.set_result(result)
-        del future, fn, args, kwargs, work
+        del future, fn, call, work
 
 
 _QUEUES = weakref.WeakKeyDictionary()
 _QUEUES_LOCK = threading.Lock()
 
 
-def queue_of(backends, workers=1):
+def queue_of(backends):
     """The ComputeQueue of a process's models (``pool.backends.base.Backends``, shared by every
-    unit), made on first use with ``workers``."""
+    unit), made on first use with the settings' COMPUTE_RUNS_AT_ONCE workers and, with
+    COMPUTE_BACKGROUND, the background lane."""
     with _QUEUES_LOCK:
         queue = _QUEUES.get(backends)
         if queue is None:
-            queue = _QUEUES[backends] = ComputeQueue("compute", workers)
+            config = get_config()
+            queue = _QUEUES[backends] = ComputeQueue("compute", config["COMPUTE_RUNS_AT_ONCE"],
+                                                     config["COMPUTE_BACKGROUND"])
         return queue
+

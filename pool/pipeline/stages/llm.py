@@ -4,7 +4,6 @@ import time
 from dataclasses import replace
 
 from pool.backends.voices import voice_language
-from pool.conf import get_config
 from pool.ids import new_id
 from pool.pipeline import messages as m
 from pool.pipeline.compute import queue_of
@@ -40,7 +39,7 @@ class LLMStage(Stage):
     def __init__(self, backends, tts_inbox):
         self._llm = backends.llm
         self._tts = backends.tts
-        self._queue = queue_of(backends, get_config()["COMPUTE_RUNS_AT_ONCE"]) if backends.llm.resumes else None
+        self._queue = queue_of(backends) if backends.llm.resumes else None
         self._tts_inbox = tts_inbox
 
     def _generate(self, job, request, *callbacks):

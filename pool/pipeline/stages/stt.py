@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from pool import metrics
 from pool.backends.base import SPEECH_RATE
-from pool.conf import get_config
 from pool.pipeline import messages as m
 from pool.pipeline.compute import queue_of
 from pool.pipeline.stages.base import Stage
@@ -44,7 +43,7 @@ class STTStage(Stage):
 
     def __init__(self, backends):
         self._stt = backends.stt
-        self._queue = queue_of(backends, get_config()["COMPUTE_RUNS_AT_ONCE"])
+        self._queue = queue_of(backends)
         self._speculation = None  # the last Speculate's _Speculation, until a commit takes it
         self._lock = threading.Lock()  # orders a speculation's Speculated before its commit's Transcribed
 

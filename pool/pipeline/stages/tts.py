@@ -4,8 +4,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
 
-from pool.backends.base import TTS_RATE
-from pool.conf import get_config
+from pool.backends.base import TTS_RATE, RunStop
 from pool.pipeline import messages as m
 from pool.pipeline.compute import queue_of
 from pool.pipeline.pacing import pace_of
@@ -23,8 +22,9 @@ class TTSStage(Stage):
     (``pool.pipeline.compute``), due at ``job.due()``: a reply's first phrase when the user
     stopped speaking, a later one when the audio the client holds runs out. The stage waits for its phrase, watching
     for cancellation: a cancelled or closed session takes its phrase out of the queue and frees
-    the stage (and so the drain) within CANCEL_POLL_SECONDS; a synthesis already running (one ONNX
-    run, up to ~1.5 s, cannot be interrupted) finishes and is dropped.
+    the stage (and so the drain) within CANCEL_POLL_SECONDS; a synthesis already running is
+    stopped at the model's next node (a TTS that ``stops``: Kokoro, through onnxruntime's
+    ``RunOptions.terminate``), else finishes unheard.
     """
 
     name = "tts"
@@ -32,19 +32,25 @@ class TTSStage(Stage):
 
     def __init__(self, backends):
         self._tts = backends.tts
+        self._tts_background = backends.tts_background  # the background lane's (pool.pipeline.compute)
         self._pace = pace_of(backends.tts)
-        self._queue = queue_of(backends, get_config()["COMPUTE_RUNS_AT_ONCE"])
+        self._queue = queue_of(backends)
 
     def _synthesize(self, ctx, job, text):
-        """``(float32 @ 24 kHz, compute seconds)``, or None when the response was cancelled or
-        the session closed."""
-        future = self._queue.submit(job.due, self._tts.synthesize, text, job.voice, job.speed)
+        """``(float32 @ 24 kHz, compute seconds, whether it ran in the background lane)``, or
+        None when the response was cancelled or the session closed: then the synthesis leaves
+        the queue, or, already running, is stopped (a TTS that ``stops``) or runs on unheard."""
+        background = self._tts_background.synthesize if self._tts_background is not None else None
+        stop = {"stop": RunStop()} if getattr(self._tts, "stops", False) else {}
+        future = self._queue.submit(job.due, self._tts.synthesize, text, job.voice, job.speed, background=background,
+                                    **stop)
         while True:
             try:
-                return future.result(timeout=self.CANCEL_POLL_SECONDS), future.compute_seconds
+                return future.result(timeout=self.CANCEL_POLL_SECONDS), future.compute_seconds, future.background
             except FutureTimeout:
                 if job.cancelled.is_set() or ctx.closed:
-                    future.cancel()
+                    if not future.cancel() and stop:
+                        stop["stop"].request()  # the cores go to the next call at once
                     return None
                 self._queue.nudge()
 
@@ -74,8 +80,9 @@ class TTSStage(Stage):
         synthesized = self._synthesize(ctx, job, text.strip())
         if synthesized is None:
             return False
-        samples, seconds = synthesized
-        self._pace.observe(len(text.split()), len(samples) / TTS_RATE, seconds)
+        samples, seconds, background = synthesized
+        if not background:  # there the foreground's preemptions count too: the pace would learn them
+            self._pace.observe(len(text.split()), len(samples) / TTS_RATE, seconds)
         if job.marks.reach("tts_first_audio"):
             job.marks.tts_first_compute_s = seconds
             job.marks.tts_first_phrase_audio_s = len(samples) / TTS_RATE
