@@ -14,10 +14,15 @@
   silence (``pool.pipeline.stages.vad.SPECULATE_MS``) and the commit reuses that transcript: the
   word error rate of Whisper tiny.en on the interruption corpus's synthetic requests
   (``bench.interruption_corpus``, every voice, with their noise) cut 100, 200 and 500 ms after
-  the speech ends.
+  the speech ends;
+- tts-priority: an adopted speculative reply's first phrase in the compute queue's background
+  lane, on Kokoro's low-priority copy: its compute time at the lowest priority (nice 19) and
+  raised to normal, alone and beside light work at normal priority on both cores (a process
+  per core, busy 25 % or 50 % of each 12 ms: the VAD windows and event-loop wake-ups of other
+  sessions). Raising needs CAP_SYS_NICE.
 
     python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers]
-                           [--stages stt,llm,tts,stt-multilingual,stt-tail]
+                           [--stages stt,llm,tts,stt-multilingual,stt-tail,tts-priority]
 
 Medians of ``--repeats`` runs after one warm-up. Nothing else runs: these are the models' own
 costs on this machine, to set beside the server's (bench.turn_latency).
@@ -229,6 +234,60 @@ def tail_rows(paths, threads):
              "exact": exact[tail]} for tail in TAILS_MS]
 
 
+def _duty_cycle(busy_ms, period_ms, stop):
+    """Spin ``busy_ms`` of every ``period_ms`` until ``stop`` is set (a process of its own)."""
+    while not stop.is_set():
+        until = time.perf_counter() + busy_ms / 1000
+        while time.perf_counter() < until:
+            pass
+        time.sleep((period_ms - busy_ms) / 1000)
+
+
+def priority_rows(paths, repeats, text=PHRASES[-1]):
+    """Seconds of one synthesis by Kokoro's low-priority copy (``KokoroTTS.at_lowest_priority``)
+    from a thread at the lowest priority, left there or raised with its runtime's threads to
+    normal (as ``pool.pipeline.compute`` raises an adopted run), beside 0, 25 % or 50 % load of
+    each core at normal priority. The two alternate run by run (this machine's speed drifts by a
+    third within minutes); medians of ``repeats`` each. ``compute_s`` None: raising was refused."""
+    import multiprocessing
+    import threading
+
+    from pool.backends.base import LOWEST_PRIORITY_NICE, lower_thread_priority, set_threads_priority
+
+    low = KokoroTTS(paths["tts_model"], paths["tts_voices"], DEFAULTS["THREADS"]["tts"]).at_lowest_priority()
+    rows = []
+    for duty in (0, 25, 50):
+        stop = multiprocessing.Event()
+        load = [multiprocessing.Process(target=_duty_cycle, args=(duty * 12 // 100, 12, stop), daemon=True)
+                for _ in range(2 if duty else 0)]
+        for process in load:
+            process.start()
+        seconds = {"lowest": [], "raised": []}
+
+        def lane(seconds=seconds):
+            lower_thread_priority()
+            threads = (threading.get_native_id(), *low.runtime_threads)
+            low.synthesize(text, "af_heart")  # warm-up
+            for priority in ["lowest", "raised"] * repeats:
+                if not set_threads_priority(threads, 0 if priority == "raised" else LOWEST_PRIORITY_NICE):
+                    return
+                started = time.perf_counter()
+                low.synthesize(text, "af_heart")
+                seconds[priority].append(time.perf_counter() - started)
+            set_threads_priority(threads, LOWEST_PRIORITY_NICE)
+
+        thread = threading.Thread(target=lane)
+        thread.start()
+        thread.join()
+        stop.set()
+        for process in load:
+            process.join()
+        rows += [{"load_per_core_percent": duty, "priority": priority,
+                  "compute_s": round(statistics.median(runs), 3) if runs else None}
+                 for priority, runs in seconds.items()]
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -250,6 +309,8 @@ def main(argv=None):
         result["stt_multilingual"] = multilingual_rows(args.repeats, DEFAULTS["THREADS"]["stt"])
     if "stt-tail" in stages:
         result["stt_tail"] = tail_rows(paths, DEFAULTS["THREADS"]["stt"])
+    if "tts-priority" in stages:
+        result["tts_priority"] = priority_rows(paths, args.repeats)
     emit("stages", result)
 
 

@@ -4,6 +4,7 @@ end of speech (p50/p95, and p50 as a multiple of the single conversation's in th
 playback stalls: the silence a listener hears mid-reply, playing the audio in real time.
 
     python -m bench.throughput [--pools 1,2,4,8] [--rounds 2] [--stagger 0] [--compare | --compare-background]
+                               [--project-dir CHECKOUT]
 
 ``--compare`` runs each pool twice in one run: with ``COMPUTE_RUNS_AT_ONCE`` = 3 x the pool size
 (every unit's Whisper, llama.cpp and Kokoro runs at once, the cores shared by the OS: the
@@ -12,7 +13,8 @@ deadline first). ``--compare-background`` runs each pool without the compute que
 lane (``COMPUTE_BACKGROUND`` off: work due later and speculative work wait in the one lane) and
 with it (the default). ``--stagger S`` starts client i of a pool S x i seconds after the first:
 people who do not all stop speaking at the same moment, so that a turn ends while other replies
-are being spoken (and their later phrases synthesized).
+are being spoken (and their later phrases synthesized). ``--project-dir`` serves another checkout
+(a "before" of a change, run alternately with the change in one session).
 """
 
 import argparse
@@ -79,6 +81,7 @@ def main(argv=None):
                         help="seconds between the clients' starts (0: all at the same moment)")
     parser.add_argument("--compare-background", action="store_true",
                         help="each pool also without the background lane (COMPUTE_BACKGROUND off)")
+    parser.add_argument("--project-dir", default=None, help="serve another checkout (a \"before\" of a change)")
     args = parser.parse_args(argv)
     pools = [int(p) for p in args.pools.split(",")]
     configurations = {"deadline_first": lambda pool: {}}
@@ -90,7 +93,7 @@ def main(argv=None):
     for name, settings in configurations.items():
         rows = []
         for pool in pools:
-            server = start_server(pool, settings(pool))
+            server = start_server(pool, settings(pool), project_dir=args.project_dir)
             try:
                 rows.append(run(server, pool, args.rounds, args.stagger))
             finally:
@@ -100,7 +103,8 @@ def main(argv=None):
             if single and row["first_audio_ms"]:
                 row["first_audio_p50_vs_single"] = round(row["first_audio_ms"]["p50"] / single, 2)
         results[name] = rows
-    emit("throughput_under_load", {"silence_ms": 500, "stagger_s": args.stagger, "configurations": results})
+    emit("throughput_under_load", {"silence_ms": 500, "stagger_s": args.stagger, "project_dir": args.project_dir,
+                                   "configurations": results})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
+from pool.backends.base import PER_THREAD_PRIORITY
 from pool.pipeline import messages as m
 from pool.pipeline.compute import WHENEVER, ComputeQueue
 from pool.pipeline.playback import Playback
@@ -307,3 +309,76 @@ def test_a_background_run_that_keeps_the_cores_too_long_is_no_longer_waited_for(
     assert queue.submit(time.perf_counter(), str, "another user's first phrase").result(5)
     assert not wedged.done()
     gate.release()
+
+
+def _may_raise_priority():
+    """Whether this process may lower a nice value (CAP_SYS_NICE), tried on a throwaway thread."""
+    import os
+
+    outcome = []
+
+    def attempt():
+        me = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, me, 19)
+        try:
+            os.setpriority(os.PRIO_PROCESS, me, 0)
+            outcome.append(True)
+        except PermissionError:
+            outcome.append(False)
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    return outcome == [True] and PER_THREAD_PRIORITY
+
+
+@pytest.mark.skipif(not _may_raise_priority(), reason="raising a thread's priority needs CAP_SYS_NICE on Linux")
+def test_an_adopted_background_run_has_normal_priority_while_no_foreground_run_is_under_way():
+    """At the lowest priority an adopted reply's first phrase loses the cores to every thread that
+    wakes (the VADs, the event loop) although a user waits for it. Once adopted, its worker and its
+    runtime's threads run at normal priority, except while the foreground runs something (due
+    before it), and at the lowest again when it is done."""
+    import os
+
+    from pool.backends.base import LOWEST_PRIORITY_NICE, lower_thread_priority
+
+    def nice(thread):
+        return os.getpriority(os.PRIO_PROCESS, thread)
+
+    runtime_started, runtime_done, runtime = threading.Event(), threading.Event(), []
+
+    def runtime_thread():  # stands for the low-priority model runtime's pool thread
+        lower_thread_priority()
+        runtime.append(threading.get_native_id())
+        runtime_started.set()
+        runtime_done.wait(30)
+
+    threading.Thread(target=runtime_thread, daemon=True).start()
+    assert runtime_started.wait(5)
+    queue = ComputeQueue("lanes", background=True, background_threads=runtime)
+    worker, gate = [], Gate()
+
+    def synthesis(text):
+        worker.append(threading.get_native_id())
+        return gate(text)
+
+    job = m.ResponseJob("resp_spec", None, "audio", "alloy", 1.0, None, speculative=True)
+    job.marks.speech_stopped = time.perf_counter()
+    adopted = queue.submit(job.due, gate, "first phrase", background=synthesis)
+    assert gate.started.wait(5)
+    lanes = (worker[0], runtime[0])
+    normal = nice(threading.get_native_id())
+    assert [nice(t) for t in lanes] == [LOWEST_PRIORITY_NICE] * 2  # speculative: due never
+    job.adopt()
+    assert wait_for(lambda: [nice(t) for t in lanes] == [normal] * 2)
+    # Work due before it runs in the foreground: the adopted run is behind it, at the lowest again.
+    other = Gate()
+    earlier = queue.submit(job.marks.speech_stopped - 1, other, "a user who stopped earlier")
+    assert other.started.wait(5)
+    assert wait_for(lambda: [nice(t) for t in lanes] == [LOWEST_PRIORITY_NICE] * 2)
+    other.release()
+    assert earlier.result(5) and wait_for(lambda: [nice(t) for t in lanes] == [normal] * 2)
+    gate.release()
+    assert adopted.result(5) == "first phrase"
+    assert wait_for(lambda: [nice(t) for t in lanes] == [LOWEST_PRIORITY_NICE] * 2)  # the next run is speculative
+    runtime_done.set()

@@ -137,11 +137,12 @@ def test_kokoro_fp32_says_what_int8_says(prepared):
 def test_kokoro_stops_a_synthesis_when_asked_and_its_low_priority_copy_speaks_alike(prepared):
     """A cancelled reply's phrase is stopped mid-run (onnxruntime's terminate flag), and the copy
     of the model the compute queue's background lane runs at the lowest priority says the same."""
+    import os
     import threading
 
     import soxr
 
-    from pool.backends.base import RunStop, RunStoppedError
+    from pool.backends.base import LOWEST_PRIORITY_NICE, RunStop, RunStoppedError
     from pool.backends.stt import WhisperSTT
     from pool.backends.tts import KokoroTTS
 
@@ -155,7 +156,10 @@ def test_kokoro_stops_a_synthesis_when_asked_and_its_low_priority_copy_speaks_al
         tts.synthesize(story, "am_michael", stop=stop)
     text = "The museum opens at nine on Tuesday morning."
     stt = WhisperSTT(paths["stt"], threads=2)
-    spoken = [tts.synthesize(text, "am_michael", stop=RunStop()), tts.at_lowest_priority().synthesize(text, "am_michael")]
+    low = tts.at_lowest_priority()
+    # its runtime's thread pool was found, at the lowest priority (the lane raises it when adopted)
+    assert low.runtime_threads and {os.getpriority(os.PRIO_PROCESS, t) for t in low.runtime_threads} == {LOWEST_PRIORITY_NICE}
+    spoken = [tts.synthesize(text, "am_michael", stop=RunStop()), low.synthesize(text, "am_michael")]
     assert abs(len(spoken[0]) - len(spoken[1])) < 0.05 * len(spoken[0])
     for samples in spoken:
         heard = stt.transcribe(soxr.resample(samples, 24_000, 16_000)).lower()

@@ -41,25 +41,62 @@ def lower_thread_priority():
     return True
 
 
+def set_threads_priority(threads, nice):
+    """Give the threads ``threads`` of this process (native ids) the nice value ``nice``; a thread
+    that has ended is skipped. Lowering a nice value (a higher priority) needs CAP_SYS_NICE, which
+    root has on a host and lacks in a default Docker container. Returns False when the kernel
+    refused (nothing logged: the caller decides), else True. Linux only (False elsewhere)."""
+    if not PER_THREAD_PRIORITY:
+        return False
+    for thread in threads:
+        try:
+            os.setpriority(os.PRIO_PROCESS, thread, nice)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return False
+    return True
+
+
 def at_lowest_priority(make):
     """``make()`` called on a new thread at the lowest OS priority (``lower_thread_priority``),
-    so that the threads it starts (a model runtime's thread pool) run there too; its result.
-    Raises what ``make`` raised."""
+    so that the threads it starts (a model runtime's thread pool) run there too. Returns
+    ``(its result, the native ids of the threads it started that still run)``: a caller may raise
+    them for a while with ``set_threads_priority``. Raises what ``make`` raised."""
     outcome = {}
 
     def run():
         lower_thread_priority()
+        before = _native_thread_ids()
         try:
             outcome["value"] = make()
         except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
             outcome["error"] = exc
+        # Only threads at this thread's nice value: another started elsewhere meanwhile is not ours.
+        outcome["threads"] = tuple(sorted(t for t in _native_thread_ids() - before - {threading.get_native_id()}
+                                          if _nice(t) == LOWEST_PRIORITY_NICE))
 
     thread = threading.Thread(target=run, name="low-priority-loader")
     thread.start()
     thread.join()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome["value"]
+    return outcome["value"], outcome["threads"]
+
+
+def _native_thread_ids():
+    """The native ids of this process's threads (an empty set where /proc is not Linux's)."""
+    try:
+        return {int(name) for name in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def _nice(thread):
+    try:
+        return os.getpriority(os.PRIO_PROCESS, thread)
+    except OSError:
+        return None
 
 
 class RunStoppedError(Exception):
@@ -172,9 +209,9 @@ class Backends:
     # reference), both float32 @ 16 kHz, -> float32 @ 16 kHz, and reset() (pool.backends.echo).
     echo: object = None
     # The TTS model again, in a runtime whose threads run at the lowest OS priority
-    # (``at_lowest_priority``): the compute queue's background lane synthesizes phrases due
-    # later with it, and the kernel preempts it for work due now (pool.pipeline.compute).
-    # None: that lane calls ``tts``.
+    # (``at_lowest_priority``): the compute queue's background lane synthesizes speculative
+    # replies' phrases with it, and the kernel preempts it for real work (pool.pipeline.compute).
+    # Its ``runtime_threads``: the native ids of those threads. None: no background lane.
     tts_background: TTS | None = None
 
 

@@ -20,6 +20,7 @@ class KokoroTTS:
 
     _phonemize_lock = threading.Lock()
     stops = True  # synthesize takes a RunStop (pool.backends.base.TTS)
+    runtime_threads = ()  # the low-priority copy's (at_lowest_priority)
 
     def __init__(self, model_path, voices_path, threads=2):
         from kokoro_onnx import Kokoro
@@ -34,8 +35,12 @@ class KokoroTTS:
     def at_lowest_priority(self):
         """The same model in a second onnxruntime session whose thread pool runs at the lowest
         OS priority (``pool.backends.base.at_lowest_priority``), for the compute queue's
-        background lane. Costs the model's memory once more (int8: ~150 MB resident)."""
-        return at_lowest_priority(lambda: type(self)(*self._paths))
+        background lane, with its ``runtime_threads`` (native ids of that thread pool's threads,
+        which the lane raises while an adopted reply's phrase runs there). Costs the model's
+        memory once more (int8: ~150 MB resident)."""
+        copy, threads = at_lowest_priority(lambda: type(self)(*self._paths))
+        copy.runtime_threads = threads
+        return copy
 
     def resolve_voice(self, name):
         return resolve_voice(name, self.voices)

@@ -25,10 +25,15 @@ and Whisper's threads run at normal priority whoever calls them, and another rep
 phrase is real work (measured in the background too, it made the playback stalls of an
 overloaded pool 2-3 times longer: BENCHMARKS.md, section 5c). A background run whose reply is
 adopted meanwhile is due like any other: when it is due first of all, the foreground waits for
-it instead of starting later-due work beside it. Linux only (per-thread nice values).
+it instead of starting later-due work beside it, and while no foreground run is under way it
+runs at normal priority (its worker and its runtime's threads, ``background_threads``), so that
+the threads that wake meanwhile (the VADs, the event loop) no longer preempt the reply a user
+waits for. Raising a priority needs CAP_SYS_NICE; without it an adopted run stays at the
+lowest. Linux only (per-thread nice values).
 """
 
 import itertools
+import logging
 import math
 import threading
 import time
@@ -37,8 +42,10 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from pool.backends.base import PER_THREAD_PRIORITY, lower_thread_priority
+from pool.backends.base import LOWEST_PRIORITY_NICE, PER_THREAD_PRIORITY, lower_thread_priority, set_threads_priority
 from pool.conf import get_config
+
+log = logging.getLogger(__name__)
 
 WHENEVER = math.inf  # the deadline of speculative work: due never, run when nothing else is due
 IDLE_SECONDS = 5.0  # how often an idle worker looks whether its queue still exists (or is surplus)
@@ -62,7 +69,8 @@ class ComputeQueue:
     """Calls to the shared models, run ``workers`` at a time on daemon threads named
     ``{name}-N``, the earliest deadline first (ties: the earliest submitted); with
     ``background``, speculative work runs on one more thread, ``{name}-background``, at the
-    lowest OS priority (the module's docstring). Workers start with the first call and end once
+    lowest OS priority (the module's docstring), with ``background_threads`` (native thread ids:
+    the low-priority runtime's pool), raised with it while an adopted run has the cores. Workers start with the first call and end once
     the queue is gone (its model unloaded).
 
     ``submit`` returns a ``concurrent.futures.Future``; cancelling it removes the call from the
@@ -78,10 +86,14 @@ class ComputeQueue:
 
     STUCK_SECONDS = 5.0  # far beyond any one call: Kokoro's longest phrase takes ~1.5 s here
 
-    def __init__(self, name, workers=1, background=False):
+    def __init__(self, name, workers=1, background=False, background_threads=()):
         self.name = name
         self._workers = workers
         self._background = background and PER_THREAD_PRIORITY
+        self._background_threads = tuple(background_threads)
+        self._background_id = None  # the background worker's native thread id
+        self._raised = False  # whether the background lane runs at normal priority now
+        self._may_raise = True  # False once the kernel refused (no CAP_SYS_NICE)
         self._threads = []  # the foreground's
         self._background_thread = None
         self._busy = {}  # worker thread -> perf_counter when its current call started
@@ -144,6 +156,21 @@ class ComputeQueue:
                                                        name=f"{self.name}-background")
             self._background_thread.start()
 
+    def _prioritize_background(self):  # under self._ready
+        """An adopted background run (no longer due never) runs at normal priority while no
+        foreground run is under way: it is then the work due first, and at the lowest priority
+        any thread that wakes would take the cores from it. Otherwise, the lowest again."""
+        call = self._background_call
+        wanted = (call is not None and call.rank()[0] != WHENEVER
+                  and not any(thread in self._busy for thread in self._threads))
+        if wanted == self._raised or not self._may_raise:
+            return
+        if set_threads_priority((self._background_id, *self._background_threads), 0 if wanted else LOWEST_PRIORITY_NICE):
+            self._raised = wanted
+        else:
+            self._may_raise = False
+            log.info("an adopted reply's synthesis stays at the lowest priority: raising it needs CAP_SYS_NICE")
+
     def _pick(self, background):  # under self._ready
         """The future this worker runs next, or None: the earliest-due call of its lane."""
         ranked = sorted(self._waiting.items(), key=lambda item: item[1].rank())  # a handful of units
@@ -176,7 +203,8 @@ class ComputeQueue:
         with self._ready:
             self._busy.pop(me, None)
             if background:
-                self._background_call = None
+                self._background_call, self._background_id = None, threading.get_native_id()
+            self._prioritize_background()
             self._ready.notify_all()  # a foreground worker may have waited for this call
             idle_until = time.monotonic() + IDLE_SECONDS
             while (future := self._pick(background)) is None:
@@ -186,12 +214,16 @@ class ComputeQueue:
                         self._threads.remove(me)
                         return False
                     return None
-                # Deadlines move with time (and callables with the session): look again soon.
-                self._ready.wait(min(remaining, RECHECK_SECONDS) if self._waiting else remaining)
+                # Deadlines move with time (and callables with the session): look again soon,
+                # and, beside a background run, soon see its reply adopted.
+                self._ready.wait(min(remaining, RECHECK_SECONDS)
+                                 if self._waiting or self._background_call is not None else remaining)
+                self._prioritize_background()
             call = self._waiting.pop(future)
             self._busy[me] = time.perf_counter()
             if background:
                 self._background_call, self._yielding_since = call, None
+            self._prioritize_background()
             return future, call
 
 
@@ -236,12 +268,13 @@ _QUEUES_LOCK = threading.Lock()
 def queue_of(backends):
     """The ComputeQueue of a process's models (``pool.backends.base.Backends``, shared by every
     unit), made on first use with the settings' COMPUTE_RUNS_AT_ONCE workers and, with
-    COMPUTE_BACKGROUND, the background lane."""
+    COMPUTE_BACKGROUND, the background lane (on ``backends.tts_background``'s threads)."""
     with _QUEUES_LOCK:
         queue = _QUEUES.get(backends)
         if queue is None:
             config = get_config()
-            queue = _QUEUES[backends] = ComputeQueue("compute", config["COMPUTE_RUNS_AT_ONCE"],
-                                                     config["COMPUTE_BACKGROUND"])
+            queue = _QUEUES[backends] = ComputeQueue(
+                "compute", config["COMPUTE_RUNS_AT_ONCE"], config["COMPUTE_BACKGROUND"],
+                getattr(backends.tts_background, "runtime_threads", ()))
         return queue
 
