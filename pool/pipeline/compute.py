@@ -26,10 +26,10 @@ phrase is real work (measured in the background too, it made the playback stalls
 overloaded pool 2-3 times longer: BENCHMARKS.md, section 5c). A background run whose reply is
 adopted meanwhile is due like any other: when it is due first of all, the foreground waits for
 it instead of starting later-due work beside it, and while no foreground run is under way it
-runs at normal priority (its worker and its runtime's threads, ``background_threads``), so that
-the threads that wake meanwhile (the VADs, the event loop) no longer preempt the reply a user
-waits for. Raising a priority needs CAP_SYS_NICE; without it an adopted run stays at the
-lowest. Linux only (per-thread nice values).
+runs at normal priority (its worker and its runtime's threads, ``background_threads``): at the
+lowest, any busy normal thread (a peek, another process on the box) would take the cores from a
+reply a user waits for (BENCHMARKS.md, section 5d). Raising a priority needs CAP_SYS_NICE;
+without it an adopted run stays at the lowest. Linux only (per-thread nice values).
 """
 
 import itertools
@@ -159,7 +159,7 @@ class ComputeQueue:
     def _prioritize_background(self):  # under self._ready
         """An adopted background run (no longer due never) runs at normal priority while no
         foreground run is under way: it is then the work due first, and at the lowest priority
-        any thread that wakes would take the cores from it. Otherwise, the lowest again."""
+        any busy normal thread would take the cores from it. Otherwise, the lowest again."""
         call = self._background_call
         wanted = (call is not None and call.rank()[0] != WHENEVER
                   and not any(thread in self._busy for thread in self._threads))
