@@ -73,13 +73,14 @@ def test_streamed_in_any_pieces_it_says_the_same(case, cuts):
 
 @given(st.text(st.sampled_from("kj 12.,:$%*_#`[]()-|>\n😀"), max_size=80), st.sampled_from(["en", "es", "hi"]))
 @example("1**1", "en")  # asterisks inside a word, which emphasis never matches (found by this test)
+@example("](j)", "en")  # no "[": not a link, so "j" is said (found by this test: the check was wrong)
 @settings(max_examples=150, deadline=None)
 def test_any_text_is_said_without_markup_and_nothing_is_lost(text, language):
     """Arbitrary text: no error, no emphasis or code markup said, and every letter kept (k and j:
     no number word of these languages has them) but a link's target ("[1](j)" says "1")."""
     said = spoken(language, text)
     assert "**" not in said and "`" not in said and "😀" not in said
-    shown = re.sub(r"\]\([^()]*\)", "]", text)
+    shown = re.sub(r"\[([^\]]*)\]\([^()]*\)", r"[\1]", text)
     assert [c for c in said if c in "kj"] == [c for c in shown if c in "kj"]
 
 
