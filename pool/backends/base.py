@@ -33,10 +33,8 @@ def lower_thread_priority():
     elsewhere, or when the kernel refuses, nothing changes (logged). Returns whether it did."""
     if not PER_THREAD_PRIORITY:
         return False
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOWEST_PRIORITY_NICE)
-    except OSError as exc:
-        log.warning("could not lower the priority of thread %s: %s", threading.current_thread().name, exc)
+    if not set_threads_priority((threading.get_native_id(),), LOWEST_PRIORITY_NICE):
+        log.warning("could not lower the priority of thread %s", threading.current_thread().name)
         return False
     return True
 

@@ -70,8 +70,8 @@ class ComputeQueue:
     ``{name}-N``, the earliest deadline first (ties: the earliest submitted); with
     ``background``, speculative work runs on one more thread, ``{name}-background``, at the
     lowest OS priority (the module's docstring), with ``background_threads`` (native thread ids:
-    the low-priority runtime's pool), raised with it while an adopted run has the cores. Workers start with the first call and end once
-    the queue is gone (its model unloaded).
+    the low-priority runtime's pool), raised with it while an adopted run has the cores. Workers
+    start with the first call and end once the queue is gone (its model unloaded).
 
     ``submit`` returns a ``concurrent.futures.Future``; cancelling it removes the call from the
     queue at once (a call already running runs to its end, unless its model takes a
@@ -268,13 +268,14 @@ _QUEUES_LOCK = threading.Lock()
 def queue_of(backends):
     """The ComputeQueue of a process's models (``pool.backends.base.Backends``, shared by every
     unit), made on first use with the settings' COMPUTE_RUNS_AT_ONCE workers and, with
-    COMPUTE_BACKGROUND, the background lane (on ``backends.tts_background``'s threads)."""
+    COMPUTE_BACKGROUND and a low-priority TTS copy (``backends.tts_background``: only its work
+    goes there), the background lane on that copy's threads."""
     with _QUEUES_LOCK:
         queue = _QUEUES.get(backends)
         if queue is None:
             config = get_config()
+            background = config["COMPUTE_BACKGROUND"] and backends.tts_background is not None
             queue = _QUEUES[backends] = ComputeQueue(
-                "compute", config["COMPUTE_RUNS_AT_ONCE"], config["COMPUTE_BACKGROUND"],
+                "compute", config["COMPUTE_RUNS_AT_ONCE"], background,
                 getattr(backends.tts_background, "runtime_threads", ()))
         return queue
-
