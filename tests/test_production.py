@@ -3,6 +3,7 @@ address, a session length limit, settings checked, a secret key that is never a 
 production settings profile that passes ``check --deploy``, runpool on a fresh database.
 (Anonymous access is in ``test_access_control``.)"""
 
+import json
 import os
 import stat
 import subprocess
@@ -277,3 +278,34 @@ def test_runpool_told_not_to_migrate_says_so_in_one_line(tmp_path):
 @pytest.fixture(autouse=True)
 def _fresh_connect_rate(monkeypatch):
     monkeypatch.setattr(accounting, "CONNECT_RATE", accounting.ConnectRate())
+
+
+@pytest.mark.parametrize("blas, refused", [(None, False), (2, False), (0, True)])
+def test_the_blas_thread_count_is_a_count_or_none(settings, blas, refused):
+    from pool.checks import check_settings
+
+    settings.S2S = {"THREADS": {"blas": blas}}
+    assert bool(check_settings(None)) == refused
+
+
+def test_loading_the_backends_holds_numpys_blas_to_its_thread_count():
+    """OpenBLAS's idle helper threads spin after each call: on 2 cores one took a quarter of a
+    core from 64 listening sessions (BENCHMARKS.md, 3c). Loading the backends holds the process's
+    BLAS to THREADS["blas"] (1). In a process of its own: the limit is process-wide."""
+    script = (
+        "import json, os, django\n"
+        "os.environ['DJANGO_SETTINGS_MODULE'] = 's2s_project.settings'\n"
+        "os.environ['S2S_BACKEND'] = 'scripted'\n"
+        "django.setup()\n"
+        "from threadpoolctl import threadpool_info\n"
+        "from pool.backends import load_backends\n"
+        "from pool.conf import get_config\n"
+        "blas = lambda: [i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']\n"
+        "before = blas()\n"
+        "load_backends(get_config())\n"
+        "print(json.dumps([before, blas()]))\n")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2"}  # as on any machine of 2 cores or more
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    before, after = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before and all(n == 2 for n in before)
+    assert after == [1] * len(before)

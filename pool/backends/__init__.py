@@ -39,8 +39,26 @@ def backend_loader(name):
 
 
 def load_backends(config):
-    """The backends of ``config["BACKEND"]`` (``backend_loader``), loaded."""
+    """The backends of ``config["BACKEND"]`` (``backend_loader``), loaded; first numpy's BLAS is
+    held to ``THREADS["blas"]`` threads for the process (``limit_blas_threads``)."""
+    limit_blas_threads(config["THREADS"]["blas"])
     return backend_loader(config["BACKEND"])(config)
+
+
+def limit_blas_threads(threads):
+    """Hold numpy's BLAS (OpenBLAS) to ``threads`` threads for the whole process (None: leave it).
+
+    OpenBLAS keeps a helper thread per core and, after each call, lets it spin for a while before
+    it sleeps. The STT's feature extraction makes a matrix product a few times a second under
+    load, so on 2 cores that helper spun a quarter of a core, and 64 listening sessions waited
+    seconds for the event loop (BENCHMARKS.md, section 3c). One thread runs the product in the
+    calling thread: no helper, nothing spins. Uses threadpoolctl, which finds the BLAS numpy
+    loaded, whatever its name."""
+    if threads is None:
+        return
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads, user_api="blas")
 
 
 def load_denoiser():
