@@ -200,8 +200,9 @@ def _names():
     # at most THREADS), and unnamed ones ("ThreadPoolExecutor-N_M": asgiref's sync_to_async
     # starts one lazily); and the workers of the shared models' queues (pool.pipeline.compute):
     # one per loaded model, not per session, ending when an earlier test's model is collected
-    # (tests/test_compute.py). Every thread of ours is named.
-    names = [t.name for t in threading.enumerate() if not t.name.startswith("compute-")]
+    # (tests/test_compute.py), as Silero's batch thread does ("vad-batch", pool.backends.vad).
+    # Every thread of ours is named.
+    names = [t.name for t in threading.enumerate() if not t.name.startswith(("compute-", "vad-batch"))]
     assert sum(name.startswith(database.THREAD_PREFIX) for name in names) <= database.THREADS
     return sorted(name for name in names if not name.startswith(("asyncio_", "ThreadPoolExecutor-",
                                                                   database.THREAD_PREFIX)))

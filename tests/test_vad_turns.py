@@ -332,3 +332,54 @@ def test_semantic_vad_speculates_before_its_end_of_turn_check(backends):
     for t in transcribe:
         silence_ms = (len(by_item[t.item_id].audio) - len(t.audio)) / 16  # negative: cut before
         assert -sc.END_OF_TURN_CHECK_MS < silence_ms <= -50, (silence_ms, stopped[t.item_id])
+
+
+def test_streams_run_together_give_each_stream_its_own_probabilities(backends):
+    """The shared model runs the windows of concurrent streams as one batch: each stream gets
+    the probabilities and recurrent state it would get alone, whatever else is in its batch."""
+    import threading
+
+    import numpy as np
+
+    from realtime.client import load_audio
+
+    speech = load_audio(JFK, 16_000).astype(np.float32)
+    offsets = [16_000 * i for i in range(8)]  # eight different stretches of speech and pause
+
+    def probabilities(stream, offset):
+        return [stream.probability(speech[offset + i * 512:offset + (i + 1) * 512]) for i in range(30)]
+
+    alone = [probabilities(backends.vad.new_stream(), offset) for offset in offsets]
+    together = [None] * len(offsets)
+    start = threading.Barrier(len(offsets))
+
+    def run(i):
+        stream = backends.vad.new_stream()
+        start.wait()
+        together[i] = probabilities(stream, offsets[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(offsets))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert max(max(a) for a in alone) > 0.9 and min(min(a) for a in alone) < 0.1  # speech and pauses
+    for a, t in zip(alone, together, strict=True):
+        assert t == pytest.approx(a, abs=1e-4)
+
+
+def test_the_batch_thread_ends_when_its_model_is_collected():
+    import gc
+
+    import numpy as np
+
+    from pool.backends.cache import default_paths
+
+    vad = SileroVAD(default_paths("/nonexistent")["vad"])
+    vad.new_stream().probability(np.zeros(512, dtype=np.float32))
+    thread = vad._thread
+    assert thread.is_alive()
+    del vad
+    gc.collect()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
