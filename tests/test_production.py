@@ -288,10 +288,12 @@ def test_the_blas_thread_count_is_a_count_or_none(settings, blas, refused):
     assert bool(check_settings(None)) == refused
 
 
-def test_loading_the_backends_holds_numpys_blas_to_its_thread_count():
+@pytest.mark.parametrize("blas, expected", [(1, 1), (None, 2)])
+def test_loading_the_backends_holds_numpys_blas_to_its_thread_count(blas, expected):
     """OpenBLAS's idle helper threads spin after each call: on 2 cores one took a quarter of a
     core from 64 listening sessions (BENCHMARKS.md, 3c). Loading the backends holds the process's
-    BLAS to THREADS["blas"] (1). In a process of its own: the limit is process-wide."""
+    BLAS to THREADS["blas"] when it is set, and leaves it alone by default (None). In a process
+    of its own: the limit is process-wide."""
     script = (
         "import json, os, django\n"
         "os.environ['DJANGO_SETTINGS_MODULE'] = 's2s_project.settings'\n"
@@ -304,8 +306,9 @@ def test_loading_the_backends_holds_numpys_blas_to_its_thread_count():
         "before = blas()\n"
         "load_backends(get_config())\n"
         "print(json.dumps([before, blas()]))\n")
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2"}  # as on any machine of 2 cores or more
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2",  # as on any machine of 2 cores or more
+           "S2S_JSON": json.dumps({"THREADS": {"blas": blas}})}
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     before, after = json.loads(out.stdout.strip().splitlines()[-1])
     assert before and all(n == 2 for n in before)
-    assert after == [1] * len(before)
+    assert after == [expected] * len(before)

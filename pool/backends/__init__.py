@@ -40,7 +40,7 @@ def backend_loader(name):
 
 def load_backends(config):
     """The backends of ``config["BACKEND"]`` (``backend_loader``), loaded; first numpy's BLAS is
-    held to ``THREADS["blas"]`` threads for the process (``limit_blas_threads``)."""
+    held to ``THREADS["blas"]`` threads for the process when that is set (``limit_blas_threads``)."""
     limit_blas_threads(config["THREADS"]["blas"])
     return backend_loader(config["BACKEND"])(config)
 
@@ -48,12 +48,14 @@ def load_backends(config):
 def limit_blas_threads(threads):
     """Hold numpy's BLAS (OpenBLAS) to ``threads`` threads for the whole process (None: leave it).
 
-    OpenBLAS keeps a helper thread per core and, after each call, lets it spin for a while before
-    it sleeps. The STT's feature extraction makes a matrix product a few times a second under
-    load, so on 2 cores that helper spun a quarter of a core, and 64 listening sessions waited
-    seconds for the event loop (BENCHMARKS.md, section 3c). One thread runs the product in the
-    calling thread: no helper, nothing spins. Uses threadpoolctl, which finds the BLAS numpy
-    loaded, whatever its name."""
+    OpenBLAS keeps a helper thread per core and, after each call, lets it spin for a while
+    (about 0.1 s) before it sleeps. The STT's feature extraction makes one matrix product per
+    transcription: under 64 listening sessions that helper spun a quarter of a core that the
+    event loop needed (BENCHMARKS.md, section 3c). One thread runs the product in the calling
+    thread, and nothing spins. Not the default: the same spin keeps the second core of a VM awake
+    while CTranslate2 encodes and decodes, and without it a transcription took 125 ms instead of
+    90 (4 s of speech, same section). Uses threadpoolctl, which finds the BLAS numpy loaded,
+    whatever its name."""
     if threads is None:
         return
     from threadpoolctl import threadpool_limits
