@@ -5,7 +5,7 @@ at most 100 ms later than on an idle server after its audio was sent (p99: this 
 wait before the session, in the event loop and the socket), and the event loop answers a health
 check within 50 ms.
 
-    python -m bench.listening [--steps 16,32,48,64] [--seconds 30]
+    python -m bench.listening [--steps 16,32,48,64] [--seconds 30] [--settings '{"THREADS": {"blas": 1}}']
 """
 
 import argparse
@@ -141,11 +141,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", default="16,32,48,64")
     parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--settings", type=json.loads, default={}, help="more S2S settings, JSON")
     parser.add_argument("--project-dir", default=None,
                         help="the checkout that serves (e.g. a git worktree of an older commit: before/after)")
     args = parser.parse_args(argv)
     steps = [int(k) for k in args.steps.split(",")]
-    server = start_server(max(steps), {"STATUS_TOKEN": TOKEN}, project_dir=args.project_dir)
+    server = start_server(max(steps), {"STATUS_TOKEN": TOKEN, **args.settings}, project_dir=args.project_dir)
     try:
         emit("listening_capacity", run(server, steps, args.seconds))
     finally:
