@@ -326,12 +326,14 @@ def load_cached_reply(config):
 # --- the run ---------------------------------------------------------------------------------------
 
 def overlaps(server, rows):
-    """What the server made of each case's sound: session id -> [(verdict, transcripts heard)],
-    from its history (the overlap rows)."""
+    """What the server made of each case's sound: session id -> [(verdict, [[voiced ms, transcript,
+    likeness], ...])], from its history (the overlap rows: each peek, then the transcript of all
+    of it with voiced ms and likeness None)."""
     found = collections.defaultdict(list)
     for session, status, data in server.query("select session_id, status, data from pool_conversationitem "
                                               "where kind = 'overlap' order by at_ms"):
-        heard = [h["transcript"] for h in json.loads(data).get("heard", []) if h.get("transcript")]
+        heard = [[h.get("voiced_ms"), h["transcript"], h.get("likeness")]
+                 for h in json.loads(data).get("heard", []) if h.get("transcript")]
         found[session].append((status, heard))
     return found
 
