@@ -128,7 +128,7 @@ def default_session(session_id, model, instructions, voice, turn_detection="serv
 @dataclass(frozen=True)
 class Backchannels:
     """What a listener says over the assistant without taking the turn, and how a peek at such
-    speech is judged (the BACKCHANNEL_* settings; ``realtime.session.turns``).
+    speech is judged (the BACKCHANNEL_* and INTERRUPTION_* settings; ``realtime.session.turns``).
 
     ``words``: words (lower case, any spelling the STT may use) that are a listener's;
     ``by_language``: ISO 639-1 code -> more of them, which count while the user speaks that
@@ -136,7 +136,9 @@ class Backchannels:
     peek's audio is scored against (``pool.backends.stt.WhisperSTT.hear``; "en"'s are scored in
     every language); ``likeness``: a peek at least this like one of them is a backchannel,
     whatever words the STT wrote (None: the words alone decide); ``cues`` and
-    ``cues_by_language``: words that mark an interruption, whatever it sounds like.
+    ``cues_by_language``: words that mark an interruption, whatever it sounds like;
+    ``max_ms``: voiced speech (ms) under which speech without a cue is judged by its end unless a
+    peek heard it less like every phrase than ``unlike`` (0 or None: off).
     """
 
     words: tuple = ()
@@ -146,6 +148,8 @@ class Backchannels:
     likeness: float | None = None
     cues: tuple = ()
     cues_by_language: dict = field(default_factory=dict)
+    max_ms: int = 0
+    unlike: float | None = None
 
     def phrases_for(self, language):
         """The phrases a peek is scored against while the user speaks ``language``."""
@@ -202,7 +206,8 @@ def session_defaults(config, speaks, model="s2s-default"):
         backchannels=Backchannels(tuple(config["BACKCHANNEL_WORDS"]), config["BACKCHANNEL_PROMPT"],
                                   config["BACKCHANNEL_WORDS_BY_LANGUAGE"], config["BACKCHANNEL_PHRASES"],
                                   config["BACKCHANNEL_LIKENESS"], tuple(config["INTERRUPTION_WORDS"]),
-                                  config["INTERRUPTION_WORDS_BY_LANGUAGE"]),
+                                  config["INTERRUPTION_WORDS_BY_LANGUAGE"], config["BACKCHANNEL_MAX_MS"],
+                                  config["INTERRUPTION_LIKENESS"]),
         history_max_items=config["HISTORY_MAX_ITEMS"],
         image_url_hosts=tuple(config["IMAGE_URL_HOSTS"]),
         mcp_server_hosts=tuple(config["MCP_SERVER_HOSTS"]),

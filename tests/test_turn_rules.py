@@ -149,6 +149,65 @@ def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue()
         assert t.Cancel("turn_detected") in turns.intercept(m.SpeechPeeked("item_1", heard, 500, likeness=-3.0))
 
 
+def _turns_judging_short_speech(max_ms=750, unlike=-3.5):
+    """Turn-taking over a speaking reply with the defaults' rule for short speech."""
+    from realtime.session.conversation import Conversation
+    from realtime.session.turns import TurnTaking
+
+    turns = TurnTaking("sess_1", Conversation(), 300, Backchannels(
+        tuple(DEFAULTS["BACKCHANNEL_WORDS"]), likeness=DEFAULTS["BACKCHANNEL_LIKENESS"],
+        cues=tuple(DEFAULTS["INTERRUPTION_WORDS"]), max_ms=max_ms, unlike=unlike))
+    turns.turn_detection = {"type": "server_vad", "create_response": True, "interrupt_response": True}
+    turns.response_created(SimpleNamespace(automatic=True, turns=[], output=SimpleNamespace(items=[{}], audio_ms=800.0)))
+    return turns
+
+
+def test_short_speech_that_sounds_a_little_like_a_backchannel_is_judged_by_its_end():
+    """Kokoro's "Uh-huh." in bf_emma's voice, heard "Dye her" (likeness -2.5) at 480 ms voiced:
+    words that are no backchannel, but not clearly unlike one either, and short. The next peek
+    decides; the speech ends at 560 ms voiced, still unsure, and is dropped as a backchannel (it
+    interrupted at the first of these peeks before BACKCHANNEL_MAX_MS)."""
+    from pool.pipeline import messages as m
+    from realtime.session import turns as t
+
+    assert (DEFAULTS["BACKCHANNEL_MAX_MS"], DEFAULTS["INTERRUPTION_LIKENESS"]) == (750, -3.5)
+    turns = _turns_judging_short_speech()
+    started = m.SpeechStarted("item_1", 1200)
+    assert turns.speech_started(started) == [t.Peek("item_1", 300, None)]
+    assert turns.intercept(m.SpeechPeeked("item_1", "D", 320, likeness=-3.0)) == [t.Peek("item_1", 450, None)]
+    assert turns.intercept(m.SpeechPeeked("item_1", "Dye her", 480, likeness=-2.5)) == [t.Peek("item_1", 600, None)]
+    assert turns.intercept(m.SpeechPeeked("item_1", "Dye her.", 560, final=True, likeness=-2.4)) == []
+    judged = turns.intercept(m.Transcribed("item_1", "Dye her.", 0.6, 0.05))
+    assert [type(d) for d in judged] == [t.Judged] and judged[0].verdict == "backchannel"
+    assert turns.speaking is None and not turns.unanswered
+
+
+@pytest.mark.parametrize("peeked, voiced_ms, likeness", [
+    ("Tell me about", 480, -7.7),  # clearly unlike any backchannel: at once, however short
+    ("The horizon.", 480, -3.7),
+    ("Look at the", 780, -2.8),  # unsure, but it goes on past BACKCHANNEL_MAX_MS
+    ("Oh, no", 480, -1.0),  # a cue: at once, however like a backchannel it sounds
+])
+def test_real_interruptions_are_not_held_by_the_rule_for_short_speech(peeked, voiced_ms, likeness):
+    from pool.pipeline import messages as m
+    from realtime.session import turns as t
+
+    turns = _turns_judging_short_speech()
+    turns.speech_started(m.SpeechStarted("item_1", 1200))
+    assert turns.intercept(m.SpeechPeeked("item_1", "Look", 320, likeness=-3.0)) == [t.Peek("item_1", 450, None)]
+    assert t.Cancel("turn_detected") in turns.intercept(m.SpeechPeeked("item_1", peeked, voiced_ms, likeness=likeness))
+
+
+def test_short_unsure_speech_interrupts_with_the_rule_off():
+    """BACKCHANNEL_MAX_MS 0 (or no INTERRUPTION_LIKENESS): a peek's words and likeness decide at once."""
+    from pool.pipeline import messages as m
+    from realtime.session import turns as t
+
+    for turns in (_turns_judging_short_speech(max_ms=0), _turns_judging_short_speech(unlike=None)):
+        turns.speech_started(m.SpeechStarted("item_1", 1200))
+        assert t.Cancel("turn_detected") in turns.intercept(m.SpeechPeeked("item_1", "Dye her", 480, likeness=-2.5))
+
+
 def test_peeks_after_the_first_come_each_peek_step_not_each_min_speech():
     """Slow real speech is first heard as one word ("He" of "He began a confused complaint.");
     the peek that decides must come soon after, not another INTERRUPT_MIN_SPEECH_MS later (with

@@ -22,7 +22,10 @@ queue or drop a reply of a server-VAD session (``server_vad`` or ``semantic_vad`
   ``PEEK_STEP_MS`` after it, or at its first pause, or at its end, judges it: the first that
   hears words other than backchannels, in audio unlike any backchannel phrase
   (``BACKCHANNEL_LIKENESS``), makes it a turn, whose events then go out as they happened and
-  which, with ``interrupt_response``, cancels the reply. Speech whose every peek, the last one of
+  which, with ``interrupt_response``, cancels the reply. Before ``BACKCHANNEL_MAX_MS`` of voiced
+  speech, a peek without a cue word that is not clearly unlike a backchannel
+  (``INTERRUPTION_LIKENESS``) is no verdict: the next peek, or the speech's end, decides (short
+  speech that ends so is a backchannel). Speech whose every peek, the last one of
   all of it, hears none - a backchannel ("mm-hmm", "yeah"), a cough, noise - is dropped without a
   trace and the reply goes on. Speech longer than the peeks listen (``PEEK_LIMIT_MS``) is judged
   by its transcript. Clients stop their playback at ``speech_started``, so it must not be sent
@@ -156,13 +159,17 @@ def interrupts(peeked, backchannel_words, likeness=None, threshold=None, cues=fr
     through; a short "Wait" peeked at after 300 ms may sound like "Wow", which its cue does not.
     The peek's last word may be cut off ("Yeah, f-") and is then not counted, nor are fragments
     without a vowel ("Sh", "D")."""
-    said = _peeked_words(peeked)
-    if any(w in cues for w in said):
+    if heard_cue(peeked, cues):
         return True
-    said = [w for w in said if not _FRAGMENT.match(w)]
+    said = [w for w in _peeked_words(peeked) if not _FRAGMENT.match(w)]
     if not said or all(w in backchannel_words or _HUM.match(w) for w in said):
         return False
     return likeness is None or threshold is None or likeness < threshold
+
+
+def heard_cue(peeked, cues):
+    """True when a peek heard a whole word that marks an interruption (``cues``)."""
+    return any(w in cues for w in _peeked_words(peeked))
 
 
 def lone_word(peeked, cues=frozenset()):
@@ -353,10 +360,12 @@ class TurnTaking:
             log.info("session %s: speech over the assistant, %d ms voiced, heard %r (likeness %s)", self._session_id,
                      event.voiced_ms, event.transcript, event.likeness)
             if interrupts(event.transcript, self._backchannels, event.likeness, self._rule.likeness, self._cues):
-                if (undecided.peeks == 1 and not event.final and event.voiced_ms < PEEK_LIMIT_MS
-                        and lone_word(event.transcript, self._cues)):
-                    return [self._ask_peek(undecided)]  # one word, no cue: the next peek decides
-                return self._confirm(undecided)
+                if (not event.final and event.voiced_ms < PEEK_LIMIT_MS
+                        and (self._unsure(event) or undecided.peeks == 1 and lone_word(event.transcript, self._cues))):
+                    return [self._ask_peek(undecided)]  # no verdict yet: the next peek decides
+                if not (event.final and self._unsure(event)):
+                    return self._confirm(undecided)
+                # It ended short, without a cue, not clearly unlike a backchannel: it was one.
             undecided.judged_whole = undecided.judged_whole or event.final
             if undecided.ended:
                 return self._drop(undecided)
@@ -374,6 +383,17 @@ class TurnTaking:
             if not undecided.peek_pending:
                 return self._drop(undecided)
         return []
+
+    def _unsure(self, peeked):
+        """True when a peek (a SpeechPeeked) that would interrupt is no verdict: under
+        BACKCHANNEL_MAX_MS of voiced speech, no cue word, and a likeness at or above
+        INTERRUPTION_LIKENESS. Whisper tiny.en writes words for a hum or a laugh in a voice it
+        never heard ("Dye her" -2.5, "I'm high." -2.1, "So it's my" -3.5), which end within about
+        0.75 s; a real request sounds less like any backchannel (-3.6 to -8.8 at 480 ms voiced in
+        the interruption corpus's tune part) or goes on."""
+        rule = self._rule
+        return (peeked.voiced_ms < (rule.max_ms or 0) and peeked.likeness is not None and rule.unlike is not None
+                and peeked.likeness >= rule.unlike and not heard_cue(peeked.transcript, self._cues))
 
     def _confirm(self, undecided, verdict="interruption"):
         """A real turn: it interrupts as any speech does, then its events go out as they
