@@ -167,15 +167,15 @@ DEFAULTS = {
         "hi": ["हाँ।", "अच्छा।", "ठीक है।"],
     },
     "BACKCHANNEL_LIKENESS": -1.8,
-    # Short speech is judged by its end: a peek before BACKCHANNEL_MAX_MS of voiced speech that
-    # would interrupt without a cue word, in audio not clearly unlike a backchannel (at least
+    # Short speech judged by its end (off: 0): a peek before BACKCHANNEL_MAX_MS of voiced speech
+    # that would interrupt without a cue word, in audio not clearly unlike a backchannel (at least
     # INTERRUPTION_LIKENESS), waits for the next peek, and speech that ends so short and unsure is
     # a backchannel. Whisper tiny.en writes words for a hum or a laugh in a voice it never heard
-    # ("Dye her", "I'm high.", "Well... Well") with a likeness of -1.9 to -3.5; real requests
-    # score under -3.6 within 480 ms and go on past a second, and a backchannel is over within
-    # about 0.75 s. Tuned on the interruption corpus's tune part (BENCHMARKS.md, section 14e).
-    # 0: off (a peek's words and likeness decide at once).
-    "BACKCHANNEL_MAX_MS": 750,
+    # ("Dye her", "I'm high.") at a likeness of -1.9 to -3.5, and such speech ends within about
+    # 0.75 s. 750 and -3.5 were read off the interruption corpus's tune part; held out, they
+    # removed 2 of 10 backchannel falses but, with the real reply, held real interruptions a
+    # peek step too long (missed 8/82 -> 13/82): off by default (BENCHMARKS.md, section 14e).
+    "BACKCHANNEL_MAX_MS": 0,
     "INTERRUPTION_LIKENESS": -3.5,
     # Words that mark an interruption: a peek that hears one of them interrupts at once, however
     # like a backchannel it sounds ("Wait" heard at 300 ms sounds like "Wow"); the other languages'

@@ -150,7 +150,8 @@ def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue()
 
 
 def _turns_judging_short_speech(max_ms=750, unlike=-3.5):
-    """Turn-taking over a speaking reply with the defaults' rule for short speech."""
+    """Turn-taking over a speaking reply with the rule for short speech on (BACKCHANNEL_MAX_MS
+    750, INTERRUPTION_LIKENESS -3.5: the values the interruption corpus's tune part gave)."""
     from realtime.session.conversation import Conversation
     from realtime.session.turns import TurnTaking
 
@@ -170,7 +171,6 @@ def test_short_speech_that_sounds_a_little_like_a_backchannel_is_judged_by_its_e
     from pool.pipeline import messages as m
     from realtime.session import turns as t
 
-    assert (DEFAULTS["BACKCHANNEL_MAX_MS"], DEFAULTS["INTERRUPTION_LIKENESS"]) == (750, -3.5)
     turns = _turns_judging_short_speech()
     started = m.SpeechStarted("item_1", 1200)
     assert turns.speech_started(started) == [t.Peek("item_1", 300, None)]
@@ -199,11 +199,13 @@ def test_real_interruptions_are_not_held_by_the_rule_for_short_speech(peeked, vo
 
 
 def test_short_unsure_speech_interrupts_with_the_rule_off():
-    """BACKCHANNEL_MAX_MS 0 (or no INTERRUPTION_LIKENESS): a peek's words and likeness decide at once."""
+    """BACKCHANNEL_MAX_MS 0, the default (or no INTERRUPTION_LIKENESS): a peek's words and
+    likeness decide at once."""
     from pool.pipeline import messages as m
     from realtime.session import turns as t
 
-    for turns in (_turns_judging_short_speech(max_ms=0), _turns_judging_short_speech(unlike=None)):
+    for turns in (_turns_judging_short_speech(max_ms=DEFAULTS["BACKCHANNEL_MAX_MS"]),
+                  _turns_judging_short_speech(unlike=None)):
         turns.speech_started(m.SpeechStarted("item_1", 1200))
         assert t.Cancel("turn_detected") in turns.intercept(m.SpeechPeeked("item_1", "Dye her", 480, likeness=-2.5))
 

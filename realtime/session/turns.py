@@ -22,10 +22,10 @@ queue or drop a reply of a server-VAD session (``server_vad`` or ``semantic_vad`
   ``PEEK_STEP_MS`` after it, or at its first pause, or at its end, judges it: the first that
   hears words other than backchannels, in audio unlike any backchannel phrase
   (``BACKCHANNEL_LIKENESS``), makes it a turn, whose events then go out as they happened and
-  which, with ``interrupt_response``, cancels the reply. Before ``BACKCHANNEL_MAX_MS`` of voiced
-  speech, a peek without a cue word that is not clearly unlike a backchannel
-  (``INTERRUPTION_LIKENESS``) is no verdict: the next peek, or the speech's end, decides (short
-  speech that ends so is a backchannel). Speech whose every peek, the last one of
+  which, with ``interrupt_response``, cancels the reply. With ``BACKCHANNEL_MAX_MS`` set (off by
+  default), before that much voiced speech a peek without a cue word that is not clearly unlike a
+  backchannel (``INTERRUPTION_LIKENESS``) is no verdict: the next peek, or the speech's end,
+  decides (short speech that ends so is a backchannel). Speech whose every peek, the last one of
   all of it, hears none - a backchannel ("mm-hmm", "yeah"), a cough, noise - is dropped without a
   trace and the reply goes on. Speech longer than the peeks listen (``PEEK_LIMIT_MS``) is judged
   by its transcript. Clients stop their playback at ``speech_started``, so it must not be sent
