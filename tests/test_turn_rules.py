@@ -166,8 +166,8 @@ def _turns_judging_short_speech(max_ms=750, unlike=-3.5):
 def test_short_speech_that_sounds_a_little_like_a_backchannel_is_judged_by_its_end():
     """Kokoro's "Uh-huh." in bf_emma's voice, heard "Dye her" (likeness -2.5) at 480 ms voiced:
     words that are no backchannel, but not clearly unlike one either, and short. The next peek
-    decides; the speech ends at 560 ms voiced, still unsure, and is dropped as a backchannel (it
-    interrupted at the first of these peeks before BACKCHANNEL_MAX_MS)."""
+    decides; the speech ends at 560 ms voiced, still unsure, and is dropped as a backchannel
+    (with the rule off it interrupts at 480 ms: the last test)."""
     from pool.pipeline import messages as m
     from realtime.session import turns as t
 
