@@ -80,13 +80,14 @@ def test_a_reply_is_spoken_by_a_voice_of_its_language():
     assert voice_for_language("ef_dora", None, voices) == "ef_dora"
 
 
-def _turns_over_a_speaking_reply():
-    """Turn-taking with a reply that has sent audio, and its answers to each step (no session)."""
+def _turns_over_a_speaking_reply(min_speech_ms=500, **rule):
+    """Turn-taking with a reply that has sent audio, and its answers to each step (no session);
+    ``rule``: more fields of its Backchannels."""
     from realtime.session.conversation import Conversation
     from realtime.session.turns import TurnTaking
 
-    turns = TurnTaking("sess_1", Conversation(), 500, Backchannels(tuple(DEFAULTS["BACKCHANNEL_WORDS"]),
-                                                                   cues=tuple(DEFAULTS["INTERRUPTION_WORDS"])))
+    turns = TurnTaking("sess_1", Conversation(), min_speech_ms, Backchannels(
+        tuple(DEFAULTS["BACKCHANNEL_WORDS"]), cues=tuple(DEFAULTS["INTERRUPTION_WORDS"]), **rule))
     turns.turn_detection = {"type": "server_vad", "create_response": True, "interrupt_response": True}
     reply = SimpleNamespace(automatic=True, turns=[], output=SimpleNamespace(items=[{}], audio_ms=800.0))
     turns.response_created(reply)
@@ -152,14 +153,8 @@ def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue()
 def _turns_judging_short_speech(max_ms=750, unlike=-3.5):
     """Turn-taking over a speaking reply with the rule for short speech on (BACKCHANNEL_MAX_MS
     750, INTERRUPTION_LIKENESS -3.5: the values the interruption corpus's tune part gave)."""
-    from realtime.session.conversation import Conversation
-    from realtime.session.turns import TurnTaking
-
-    turns = TurnTaking("sess_1", Conversation(), 300, Backchannels(
-        tuple(DEFAULTS["BACKCHANNEL_WORDS"]), likeness=DEFAULTS["BACKCHANNEL_LIKENESS"],
-        cues=tuple(DEFAULTS["INTERRUPTION_WORDS"]), max_ms=max_ms, unlike=unlike))
-    turns.turn_detection = {"type": "server_vad", "create_response": True, "interrupt_response": True}
-    turns.response_created(SimpleNamespace(automatic=True, turns=[], output=SimpleNamespace(items=[{}], audio_ms=800.0)))
+    turns, _reply = _turns_over_a_speaking_reply(300, likeness=DEFAULTS["BACKCHANNEL_LIKENESS"], max_ms=max_ms,
+                                                 unlike=unlike)
     return turns
 
 

@@ -360,10 +360,11 @@ class TurnTaking:
             log.info("session %s: speech over the assistant, %d ms voiced, heard %r (likeness %s)", self._session_id,
                      event.voiced_ms, event.transcript, event.likeness)
             if interrupts(event.transcript, self._backchannels, event.likeness, self._rule.likeness, self._cues):
+                unsure = self._unsure(event)
                 if (not event.final and event.voiced_ms < PEEK_LIMIT_MS
-                        and (self._unsure(event) or undecided.peeks == 1 and lone_word(event.transcript, self._cues))):
+                        and (unsure or undecided.peeks == 1 and lone_word(event.transcript, self._cues))):
                     return [self._ask_peek(undecided)]  # no verdict yet: the next peek decides
-                if not (event.final and self._unsure(event)):
+                if not (event.final and unsure):
                     return self._confirm(undecided)
                 # It ended short, without a cue, not clearly unlike a backchannel: it was one.
             undecided.judged_whole = undecided.judged_whole or event.final
