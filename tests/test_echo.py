@@ -2,25 +2,20 @@
 back as its microphone. The real Silero VAD and WebRTC's echo canceller, with what the server sent
 as the reference; the echo goes through a room (``bench.interruption_corpus.room``)."""
 
-import base64
 import queue
 
 import numpy as np
 import pytest
 import soxr
 
+from bench.double_talk import RATE, SENT_AT, listen
 from bench.interruption_corpus import active_rms, room
 from pool.backends.scripted import load_scripted
 from pool.conf import DEFAULTS
 from pool.pipeline import messages as m
 from pool.pipeline.playback import Playback
-from pool.pipeline.stages.vad import VADStage
-from realtime.audio import InputAudioDecoder, float_to_pcm16
 
 from .helpers import HOTWORDS, JFK, load_audio, normalise
-
-RATE = 24_000
-SENT_AT = 100.0  # the server's clock when it sent the reply (a fake monotonic clock)
 
 
 @pytest.fixture(scope="module")
@@ -33,27 +28,6 @@ def echo_of(played, delay_ms, gain_db, rt60_s):
     wet = np.convolve(played, room(rt60_s, 7))[: len(played)] * 10 ** (gain_db / 20)
     delay = int(delay_ms * RATE / 1000)
     return np.concatenate([np.zeros(delay, np.float32), wet[: len(played) - delay]]).astype(np.float32)
-
-
-def listen(backends, mic, reply, keeps_audio=True, latency_s=0.06, stt_inbox=None):
-    """The VAD stage's events for a client that was sent ``reply`` (float32 @ 24 kHz) at
-    SENT_AT and plays it at once, and whose microphone (``mic``, from SENT_AT on) reaches the
-    server in 40 ms appends, ``latency_s`` after each was captured. ``stt_inbox``: gets what the
-    stage hands the STT."""
-    now = [SENT_AT]
-    playback = Playback(keeps_audio=keeps_audio, clock=lambda: now[0])
-    playback.sent(len(reply) / RATE, reply)
-    events = []
-    ctx = m.SessionContext(events.append, playback=playback)
-    stage = VADStage(backends, stt_inbox or queue.Queue())
-    stage.handle(ctx, m.ConfigureInput(InputAudioDecoder({"type": "audio/pcm", "rate": RATE}),
-                                       m.TurnDetection(0.5, 300, 500), "en"))
-    step = RATE * 40 // 1000
-    for i in range(0, len(mic), step):
-        now[0] = SENT_AT + (i + step) / RATE + latency_s
-        audio = base64.b64encode(float_to_pcm16(mic[i:i + step])).decode()
-        stage.handle(ctx, m.AppendInput(audio, received_at=now[0]))
-    return events
 
 
 def kinds(events):
@@ -189,6 +163,35 @@ def test_a_voice_that_once_sounds_like_the_playback_does_not_start_the_canceller
     turn = [msg for _, msg in list(stt_inbox.queue) if isinstance(msg, m.Transcribe)][-1]
     sent = soxr.resample(user, RATE, 16_000)
     assert abs(20 * np.log10(active_rms(turn.audio, 16_000) / active_rms(sent, 16_000))) < 0.5
+
+
+@pytest.mark.parametrize("traces", [[(0.05, 0.0)], [(0.02, 0.1), (0.02, 0.1)]], ids=["one strong", "two agreeing"])
+def test_a_voice_that_resembles_the_playback_then_talks_alone_keeps_its_words(backends, reply, traces):
+    """A user who talks on over a reply their microphone does not hear (headphones, or a client
+    that cancels its own echo), and whose voice resembles the playback for a moment or two: once
+    strongly (Kokoro's am_echo against af_alloy scored 0.45, over ECHO_SURE_SIMILARITY), or
+    twice weakly at the same delay (am_puck, af_nova: bench.double_talk). Here each moment is
+    300 ms of the playback, 150 ms late (``(gain, voice)``: the playback's gain, and the level of
+    a voice on top), 600 ms apart; then the user talks. Before, the canceller started at the
+    match and AEC3 took the words away (the e2e JFK over a reply, interrupt_response off, lost
+    "what your country can do for you"); an echo follows the playback all along, so the
+    canceller waits until the microphone has, window after window."""
+    user = load_audio(HOTWORDS)
+    user = user * (0.1 / active_rms(user))
+    mic = np.zeros(len(reply), np.float32)
+    length, late = RATE * 3 // 10, RATE * 150 // 1000
+    for i, (gain, voice) in enumerate(traces):
+        at = RATE + i * RATE * 6 // 10
+        mic[at:at + length] = reply[at - late:at - late + length] * gain + user[at:at + length] * voice
+    start = RATE + len(traces) * RATE * 6 // 10
+    mic[start:start + len(user)] = user[: len(mic) - start]
+    stt_inbox = queue.Queue()
+    events = listen(backends, mic, reply, stt_inbox=stt_inbox)
+    assert not [e for e in events if isinstance(e, m.EchoRemoved)]
+    turns = [msg for _, msg in list(stt_inbox.queue) if isinstance(msg, m.Transcribe)]
+    said = np.concatenate([t.audio for t in turns])
+    sent = soxr.resample(user, RATE, 16_000)
+    assert abs(20 * np.log10(active_rms(said, 16_000) / active_rms(sent, 16_000))) < 0.5
 
 
 def test_what_sounds_like_the_playback(reply):

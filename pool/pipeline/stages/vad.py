@@ -57,6 +57,15 @@ ECHO_DELAY_AGREE_MS = 30
 ECHO_MATCHES_S = 3.0  # weak matches older than this confirm nothing
 ECHO_AGREED_SIMILARITY = 0.15  # enough at the delay of a weak match (within ECHO_AGREED_DELAY_MS)
 ECHO_AGREED_DELAY_MS = 50
+# Before the canceller starts, a match is checked on the last ECHO_CONFIRM_MS of the microphone,
+# window by window at its delay: an echo follows the playback in most windows, a voice resembles
+# it by chance in one or two, and the (lower) median window must reach ECHO_AGREED_SIMILARITY.
+# On matches of 400 ms alone, Kokoro's voices talking over its af_alloy started the canceller in
+# 6 of 36 held-out cases (one matched at 0.45; others piled up weak matches until two agreed),
+# and AEC3 took their words (bench.double_talk, BENCHMARKS.md 14f). Windows of 200 ms: a moment
+# of likeness straddling two of 400 ms made their median at the start of a reply.
+ECHO_CONFIRM_MS = 2000
+ECHO_CONFIRM_WINDOW_MS = 200
 
 
 @dataclass
@@ -95,7 +104,7 @@ class _Input:
     last: tuple | None = None  # (item id, audio, voiced samples) of the last speech committed
     lag_max: float = 0.0  # seconds from an append's arrival to its VAD, this session
     clock: float | None = None  # time.monotonic() at which the input so far was captured (about)
-    raw: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # the last ECHO_CHECK_MS as captured
+    raw: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # the last ECHO_CONFIRM_MS as captured
     echo_found: bool = False  # the microphone hears the client's playback: cancel it
     echo_matches: list = field(default_factory=list)  # (delay, end): how late (s) weak matches of the playback came back, and when
     probe_in: float = 0.0  # seconds of playback until the next listen for its echo
@@ -208,9 +217,10 @@ class VADStage(Stage):
         start = state.clock - seconds
         if start > ctx.playback.end + ECHO_TAIL_S:  # nothing plays: nothing to cancel, no cost
             self._echo_heard(ctx, None)
+            state.raw = state.raw[:0]  # what the next reply's echo is compared with starts with it
             passed = self._echo.bypass(samples)
             return passed, passed
-        state.raw = np.concatenate([state.raw, samples])[-ECHO_CHECK_MS * SPEECH_RATE // 1000:]
+        state.raw = np.concatenate([state.raw, samples])[-max(ECHO_CHECK_MS, ECHO_CONFIRM_MS) * SPEECH_RATE // 1000:]
         if not state.echo_found:
             state.probe_in -= seconds
             if state.probe_in <= 0:  # listen for the echo before it is taken for speech
@@ -249,9 +259,10 @@ class VADStage(Stage):
         last ECHO_MATCHES_S (within ECHO_AGREED_DELAY_MS). A match of ECHO_SURE_SIMILARITY finds
         the echo; so does a weaker one at the delay of an earlier one (within
         ECHO_DELAY_AGREE_MS) on audio of its own (ECHO_CHECK_MS later: the checks overlap, and
-        one stretch of voice must not confirm itself): the canceller runs from then on
+        one stretch of voice must not confirm itself), if the microphone followed the playback at
+        that delay before it (``_follows_playback``): the canceller runs from then on
         (``echo_found``)."""
-        state, heard = self._in, self._in.raw
+        state, heard = self._in, self._in.raw[-ECHO_CHECK_MS * SPEECH_RATE // 1000:]
         if not len(heard) or float(np.sqrt(np.mean(heard ** 2))) < SOUND_RMS:
             # Near silence: nothing to compare; once the echo is known, what the VAD took for
             # speech in it is the echo's remains while the canceller learns the room.
@@ -261,10 +272,10 @@ class VADStage(Stage):
         span = len(heard) + (ECHO_DELAY_MS + ECHO_LEAD_MS) * SPEECH_RATE // 1000
         reference = ctx.playback.reference(end + ECHO_LEAD_MS / 1000 - span / SPEECH_RATE, span)
         score, offset = best_match(heard, reference)
-        if score >= ECHO_SURE_SIMILARITY:
-            state.echo_found = True
-            return True
         delay = (span - offset - len(heard)) / SPEECH_RATE - ECHO_LEAD_MS / 1000
+        if score >= ECHO_SURE_SIMILARITY:
+            state.echo_found = state.echo_found or self._follows_playback(ctx, end, delay)
+            return True
         # Every weak match of the last ECHO_MATCHES_S is kept: the delay a reverberant echo is
         # found at wanders by tens of ms, and a stray one must not displace those it agrees with.
         state.echo_matches = [(d, e) for d, e in state.echo_matches if end - e <= ECHO_MATCHES_S]
@@ -276,9 +287,30 @@ class VADStage(Stage):
                 return False
         if any(abs(delay - d) * 1000 <= ECHO_DELAY_AGREE_MS and (end - e) * 1000 >= ECHO_CHECK_MS
                for d, e in state.echo_matches):
-            state.echo_found = True
+            state.echo_found = state.echo_found or self._follows_playback(ctx, end, delay)
         state.echo_matches.append((delay, end))
         return True
+
+    def _follows_playback(self, ctx, end, delay):
+        """Whether the microphone followed the playback ``delay`` seconds late (within
+        ECHO_AGREED_DELAY_MS) over the last ECHO_CONFIRM_MS, captured up to ``end`` (monotonic
+        seconds): the lower median match of its ECHO_CONFIRM_WINDOW_MS windows, of those in
+        which the playback was audible, is ECHO_AGREED_SIMILARITY or more."""
+        return self._playback_likeness(ctx, end, delay) >= ECHO_AGREED_SIMILARITY
+
+    def _playback_likeness(self, ctx, end, delay):
+        """``_follows_playback``'s lower median, 0.0 to 1.0 (0.0: the playback was not audible).
+        Early in a reply the microphone holds less than one window: then it is the one."""
+        heard = self._in.raw  # not empty: _hears_playback returned before
+        window = min(len(heard), ECHO_CONFIRM_WINDOW_MS * SPEECH_RATE // 1000)
+        tolerance = ECHO_AGREED_DELAY_MS * SPEECH_RATE // 1000
+        scores = []
+        for stop in range(len(heard), window - 1, -window):
+            start = end - (len(heard) - stop + window) / SPEECH_RATE - delay - tolerance / SPEECH_RATE
+            reference = ctx.playback.reference(start, window + 2 * tolerance)
+            if float(np.sqrt(np.mean(reference ** 2))) >= SOUND_RMS:  # a pause of the reply says nothing
+                scores.append(best_match(heard[stop - window:stop], reference)[0])
+        return sorted(scores)[(len(scores) - 1) // 2] if scores else 0.0
 
     def _echo_heard(self, ctx, removed):
         """Follow the stretches of echo removed: ``removed`` says whether the last append was
