@@ -30,6 +30,7 @@ import json
 import queue
 import re
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,7 @@ from .interruption_corpus import (
     REQUESTS,
     Case,
     Renderer,
+    active_rms,
     corpus_folder,
     pink_noise,
     recording,
@@ -88,6 +90,14 @@ def listen(backends, mic, reply, keeps_audio=True, latency_s=0.06, stt_inbox=Non
     return events
 
 
+def echo_of(played, delay_ms, gain_db, rt60_s):
+    """What a microphone beside the speakers hears of ``played`` (float32 @ 24 kHz): ``delay_ms``
+    late, ``gain_db`` quieter, through a room of RT60 ``rt60_s`` (``interruption_corpus.room``)."""
+    wet = np.convolve(played, room(rt60_s, 7))[: len(played)] * 10 ** (gain_db / 20)
+    delay = int(delay_ms * RATE / 1000)
+    return np.concatenate([np.zeros(delay, np.float32), wet[: len(played) - delay]]).astype(np.float32)
+
+
 def story(tts):
     """Kokoro's story in the reply's voice, sentence by sentence as the server says it: float32
     @ 24 kHz (cached on disk with ``bench.interruptions``' reply)."""
@@ -115,17 +125,16 @@ def run(backends, renderer, reply, split):
     from pool.pipeline import messages as m
     from pool.pipeline.stages import vad
 
-    probes = []
+    # Each comparison with the playback is kept: [score, samples compared] of every match, and
+    # the likeness of each confirmation (a stage without one, run from an earlier checkout, has none).
+    probes, likenesses = [], []
     real_best_match = vad.best_match
+    real_likeness = getattr(vad.VADStage, "_playback_likeness", None)
 
     def best_match(heard, reference, *args):
         score, offset = real_best_match(heard, reference, *args)
-        delay_ms = (len(reference) - offset - len(heard)) * 1000 // 16_000  # plus the stage's lead
-        probes.append([round(float(score), 3), int(delay_ms), len(heard)])
+        probes.append([round(float(score), 3), len(heard)])
         return score, offset
-
-    likenesses = []
-    real_likeness = vad.VADStage._playback_likeness
 
     def playback_likeness(stage, *args):
         likeness = real_likeness(stage, *args)
@@ -133,7 +142,8 @@ def run(backends, renderer, reply, split):
         return likeness
 
     vad.best_match = best_match
-    vad.VADStage._playback_likeness = playback_likeness
+    if real_likeness is not None:
+        vad.VADStage._playback_likeness = playback_likeness
     rows = []
     try:
         def one(row, mic):
@@ -153,27 +163,29 @@ def run(backends, renderer, reply, split):
             rows.append(row)
 
         for name, source in talkers(split):
-            voice = renderer.utterance(source) if isinstance(source, Case) else recording(*source)
+            if isinstance(source, Case):
+                voice = renderer.utterance(source)  # at Renderer.LEVEL
+            else:
+                voice = recording(*source)
+                voice = voice * (Renderer.LEVEL / active_rms(voice))
             for start in STARTS_S:
                 for snr in SNRS:
                     at = int(start * RATE)
                     mic = np.zeros(at + len(voice) + int(1.5 * RATE), np.float32)
                     mic[at:at + len(voice)] = voice[: len(mic) - at]
-                    mic += _noise(len(mic), snr, hash((name, start)) & 0xFFFF)
+                    mic += _noise(len(mic), snr, zlib.crc32(f"{name}/{start}".encode()))
                     one({"kind": "talker", "name": name, "start_s": start, "snr_db": snr}, mic)
         for delay, gain, rt60, part in ECHO_PATHS:
             if part != split:
                 continue
             for snr in SNRS:
-                played = reply[: int(ECHO_S * RATE)]
-                wet = np.convolve(played, room(rt60, 7))[: len(played)] * 10 ** (gain / 20)
-                late = int(delay * RATE / 1000)
-                mic = np.concatenate([np.zeros(late, np.float32), wet[: len(played) - late]]).astype(np.float32)
+                mic = echo_of(reply[: int(ECHO_S * RATE)], delay, gain, rt60)
                 mic += _noise(len(mic), snr, delay)
                 one({"kind": "echo", "name": f"{delay}ms {gain:g}dB RT60 {rt60}", "snr_db": snr}, mic)
     finally:
         vad.best_match = real_best_match
-        vad.VADStage._playback_likeness = real_likeness
+        if real_likeness is not None:
+            vad.VADStage._playback_likeness = real_likeness
     return rows
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import soxr
 
-from bench.double_talk import RATE, SENT_AT, listen
-from bench.interruption_corpus import active_rms, room
+from bench.double_talk import RATE, SENT_AT, echo_of, listen
+from bench.interruption_corpus import active_rms
 from pool.backends.scripted import load_scripted
 from pool.conf import DEFAULTS
 from pool.pipeline import messages as m
@@ -21,13 +21,6 @@ from .helpers import HOTWORDS, JFK, load_audio, normalise
 @pytest.fixture(scope="module")
 def backends():
     return load_scripted({**DEFAULTS, "BACKEND": "scripted"})
-
-
-def echo_of(played, delay_ms, gain_db, rt60_s):
-    """What a microphone beside the speakers hears of ``played``: late, quieter, through a room."""
-    wet = np.convolve(played, room(rt60_s, 7))[: len(played)] * 10 ** (gain_db / 20)
-    delay = int(delay_ms * RATE / 1000)
-    return np.concatenate([np.zeros(delay, np.float32), wet[: len(played) - delay]]).astype(np.float32)
 
 
 def kinds(events):
