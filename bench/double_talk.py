@@ -99,8 +99,8 @@ def echo_of(played, delay_ms, gain_db, rt60_s):
 
 
 def story(tts):
-    """Kokoro's story in the reply's voice, sentence by sentence as the server says it: float32
-    @ 24 kHz (cached on disk with ``bench.interruptions``' reply)."""
+    """Kokoro's story in the reply's voice, synthesised a sentence at a time: float32 @ 24 kHz
+    (kept on disk beside ``bench.interruptions``' cached reply)."""
     from .interruptions import STORY, CachedTTS
 
     cached = CachedTTS(tts, corpus_folder() / "reply")
@@ -196,6 +196,8 @@ def _noise(samples, snr_db, seed):
 
 
 def summary(rows):
+    """One split's figures from its ``run`` rows: false starts of the talkers and the speech
+    removed from them (ms), echo paths found and when (seconds into the reply), echo taken for speech."""
     talk = [r for r in rows if r["kind"] == "talker"]
     echo = [r for r in rows if r["kind"] == "echo"]
     found = sorted(r["found_s"] for r in echo if r["found_s"] is not None)
