@@ -18,6 +18,7 @@ IN_MEMORY_LAYER = "channels.layers.InMemoryChannelLayer"
 def check_settings(app_configs, **kwargs):
     """``settings.S2S``: an unknown key is a warning with the nearest known one, a value of the
     wrong type an error (as ``debug_toolbar.apps.check_settings`` holds DEBUG_TOOLBAR_CONFIG)."""
+    from pool.backends.stt import MIN_WINDOW_SECONDS
     from pool.conf import DEFAULTS, OPTIONAL, expected_type
 
     user = getattr(settings, "S2S", {})
@@ -66,6 +67,10 @@ def check_settings(app_configs, **kwargs):
     if user.get("TTS_VARIANT", "auto") not in ("auto", *TTS_VARIANTS):
         problems.append(Error(f"S2S['TTS_VARIANT'] must be 'auto', 'int8' or 'fp32'; got {user['TTS_VARIANT']!r}.",
                               id="pool.E005"))
+    if user.get("PEEK_WINDOW_FLOOR_S") not in (None, 0, MIN_WINDOW_SECONDS):
+        problems.append(Error(f"S2S['PEEK_WINDOW_FLOOR_S'] must be None, 0 or {MIN_WINDOW_SECONDS}; got "
+                              f"{user['PEEK_WINDOW_FLOOR_S']!r}.",
+                              hint="None: the one prepare_models chose for this CPU.", id="pool.E005"))
     if user.get("LLM_TOOL_CALLS", "auto") not in ("auto", "native", "prompt"):
         problems.append(Error("S2S['LLM_TOOL_CALLS'] must be 'auto', 'native' or 'prompt'; got "
                               f"{user['LLM_TOOL_CALLS']!r}.", id="pool.E005"))

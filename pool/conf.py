@@ -58,6 +58,11 @@ DEFAULTS = {
     # The packaged Kokoro's variant: "int8", "fp32" (the same weights, derived by prepare_models),
     # or "auto": the one prepare_models timed faster on this CPU (int8 wins with AVX-512 VNNI).
     "TTS_VARIANT": "auto",
+    # The least encoder window of a peek at speech over a reply, seconds: 10 tells backchannels
+    # from interruptions best; 0 (the audio + 4 s) halves a peek's cost where the CPU is too slow
+    # for 10 to decide in time (BENCHMARKS.md 14h). None: the one prepare_models chose for this
+    # CPU (pool.backends.cache.peek_window_floor; 10 for an STT_MODEL of your own).
+    "PEEK_WINDOW_FLOOR_S": None,
     "TURN_MODEL": None,  # a Smart Turn v3.x .onnx file (semantic_vad's end-of-turn model)
     "TTS_VOICES": None,  # a Kokoro voices .npz file
     # Threads for each library, decided together for a 2-core machine: VAD is tiny and runs
@@ -266,6 +271,7 @@ OPTIONAL = {
     "CONNECTS_PER_MINUTE": int, "MAX_SESSION_SECONDS": (int, float),
     "HISTORY_RETENTION_DAYS": (int, float), "RECORDING_RETENTION_DAYS": (int, float),
     "BACKCHANNEL_LIKENESS": (int, float), "BACKCHANNEL_PROMPT": str, "INTERRUPTION_LIKENESS": (int, float),
+    "PEEK_WINDOW_FLOOR_S": (int, float),
 }
 
 

@@ -18,10 +18,12 @@ from pool.backends.cache import (
     SMART_TURN_SHA256,
     cpu_signature,
     default_paths,
+    peek_window_floor,
     prepare,
     sha256_file,
     tts_variant,
 )
+from pool.backends.stt import MIN_WINDOW_SECONDS
 from pool.testing import free_port
 
 from .helpers import PROJECT_DIR
@@ -115,6 +117,29 @@ def test_a_cache_moved_to_another_cpu_is_timed_again_there(cache, monkeypatch):
     assert choice["cpu"] == "Another CPU avx2"
     assert json.loads((cache / "manifest.json").read_text())["tts_variant"] == choice
     assert "nothing to do" in prepare_models(cache)  # the choice is not part of what makes the cache intact
+
+
+def test_prepare_times_a_peeks_window_with_and_without_the_floor_and_keeps_it_within_budget(prepared):
+    choice = json.loads((prepared / "manifest.json").read_text())["peek_window"]
+    encode_s = choice["encode_s"]
+    assert choice["cpu"] == cpu_signature() and 0 < encode_s["no_floor"] < encode_s["floor"]
+    assert choice["floor_s"] == (MIN_WINDOW_SECONDS if encode_s["floor"] <= model_cache.PEEK_ENCODE_BUDGET_S else 0)
+    assert peek_window_floor(prepared) == choice  # a recorded choice is reused, not timed again
+
+
+def test_a_cpu_too_slow_for_the_floor_peeks_without_it_and_the_server_loads_that(cache, monkeypatch, settings):
+    """The same rule on a CPU where the floor's window costs more than the budget (a budget of
+    0 s stands for that CPU): the choice is recorded, and the loaded STT peeks without the floor
+    unless S2S["PEEK_WINDOW_FLOOR_S"] says otherwise."""
+    from pool.backends import load_default
+    from pool.conf import get_config
+
+    monkeypatch.setattr(model_cache, "PEEK_ENCODE_BUDGET_S", 0.0)
+    assert peek_window_floor(cache, retime=True)["floor_s"] == 0
+    settings.S2S = {"MODEL_CACHE_DIR": str(cache)}
+    assert load_default(get_config()).stt.peek_floor == 0
+    settings.S2S = {"MODEL_CACHE_DIR": str(cache), "PEEK_WINDOW_FLOOR_S": 10}
+    assert load_default(get_config()).stt.peek_floor == 10
 
 
 def test_kokoro_fp32_says_what_int8_says(prepared):

@@ -166,6 +166,15 @@ def test_the_tts_variant_is_auto_int8_or_fp32(settings, variant, refused):
                                          if refused else [])
 
 
+@pytest.mark.parametrize("floor, refused", [(None, False), (0, False), (10, False), (5, True), ("10", True)])
+def test_the_peek_window_floor_is_none_0_or_10(settings, floor, refused):
+    from pool.checks import check_settings
+
+    settings.S2S = {"PEEK_WINDOW_FLOOR_S": floor}
+    messages = [p.msg for p in check_settings(None)]
+    assert bool(messages) is refused and all("PEEK_WINDOW_FLOOR_S" in m for m in messages), messages
+
+
 @pytest.mark.parametrize("mode, refused", [("auto", False), ("native", False), ("prompt", False), ("json", True)])
 def test_llm_tool_calls_is_auto_native_or_prompt(settings, mode, refused):
     from pool.checks import check_settings

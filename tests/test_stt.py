@@ -6,7 +6,7 @@ import pytest
 import soxr
 
 from pool.backends.cache import default_paths
-from pool.backends.stt import SHORT_WINDOW_MAX_SECONDS, WhisperSTT, encoder_frames
+from pool.backends.stt import MIN_WINDOW_SECONDS, SHORT_WINDOW_MAX_SECONDS, WhisperSTT, encoder_frames
 from pool.conf import get_config
 from realtime.client import load_audio
 
@@ -24,8 +24,43 @@ def stt():
 
 def test_encoder_window_keeps_its_margin_and_bounds():
     assert encoder_frames(0.5) == encoder_frames(6.0) == 1000  # 10 s floor
+    assert encoder_frames(0.5, floor=0) == 500  # 0.5 s + 4 s margin, rounded up
     assert encoder_frames(11.0) == 1500  # 11 s + 4 s margin
     assert encoder_frames(25.9) == 3000  # capped at Whisper's 30 s window
+
+
+class _EncodeSpy:
+    """Whisper's CTranslate2 model, recording the log-mel frames of every window it encodes."""
+
+    def __init__(self, model):
+        self._model, self.windows = model, []
+
+    def encode(self, features, *args, **kwargs):
+        self.windows.append(features.shape[-1])
+        return self._model.encode(features, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+@pytest.mark.parametrize("peek_floor, windows", [(MIN_WINDOW_SECONDS, [1000, 1000]), (0, [600, 1000])])
+def test_a_peek_encodes_the_window_chosen_for_this_cpu_and_a_turn_keeps_the_floor(stt, monkeypatch, peek_floor,
+                                                                                   windows):
+    """A peek (``hear``: speech over the reply, due within the decision budget) encodes at least
+    ``peek_floor`` seconds; without a floor, the audio plus the 4 s margin: 2 s -> 6 s, for about
+    half the cost (BENCHMARKS.md 14g). A turn's transcript keeps the 10 s floor either way. The
+    peek still hears the words, and they are not a backchannel."""
+    config = get_config()
+    spy = _EncodeSpy(stt.model.model)
+    monkeypatch.setattr(stt.model, "model", spy)
+    monkeypatch.setattr(stt, "peek_floor", peek_floor)
+    audio = _16k(JFK)[: 2 * 16_000]  # "And so my fellow"
+    text, likeness = stt.hear(audio, "en", prompt=config["BACKCHANNEL_PROMPT"],
+                              phrases=config["BACKCHANNEL_PHRASES"]["en"])
+    assert normalise(text).startswith("and so my"), text
+    assert likeness < config["BACKCHANNEL_LIKENESS"]
+    stt.transcribe(audio, "en")
+    assert spy.windows == windows
 
 
 def test_short_window_transcribes_a_whole_recording(stt):

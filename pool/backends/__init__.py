@@ -92,7 +92,8 @@ def load_default(config):
     """Silero VAD, faster-whisper, the LLM of ``pool.backends.llm.load_llm`` (the GGUF chosen
     with ``prepare_models --llm`` when there is one, ``pool.backends.fetch``), Kokoro (the variant
     of ``S2S["TTS_VARIANT"]``; "auto": the faster on this CPU, ``cache.tts_variant``) and Smart
-    Turn. They need the prepared model cache (``manage.py prepare_models``), prepared here when
+    Turn; Whisper peeks with the window floor of ``S2S["PEEK_WINDOW_FLOOR_S"]`` (None: the one
+    timed for this CPU, ``cache.peek_window_floor``). They need the prepared model cache (``manage.py prepare_models``), prepared here when
     missing. Raises ``pool.backends.cache.PreparationError`` when it cannot be, when a file of the cache
     is damaged (its size changed), or when a model file does not load: one line that names the
     file and the command that mends it."""
@@ -102,12 +103,13 @@ def load_default(config):
         damage,
         default_paths,
         is_prepared,
+        peek_window_floor,
         prepare,
         tts_variant,
     )
     from pool.backends.fetch import chosen_llm
     from pool.backends.llm import load_llm
-    from pool.backends.stt import WhisperSTT
+    from pool.backends.stt import MIN_WINDOW_SECONDS, WhisperSTT
     from pool.backends.tts import KokoroTTS
     from pool.backends.turn import SmartTurn
     from pool.backends.vad import SileroVAD
@@ -124,6 +126,10 @@ def load_default(config):
     variant = config["TTS_VARIANT"]
     if variant == "auto" and not config["TTS_MODEL"]:
         variant = tts_variant(cache, threads["tts"])["chosen"]
+    peek_floor = config["PEEK_WINDOW_FLOOR_S"]
+    if peek_floor is None:
+        peek_floor = MIN_WINDOW_SECONDS if config["STT_MODEL"] else \
+            peek_window_floor(cache, preset, threads["stt"])["floor_s"]
     started = time.perf_counter()
 
     def load(setting, default, make):
@@ -141,7 +147,7 @@ def load_default(config):
     backends = Backends(
         vad=load("VAD_MODEL", paths["vad"], lambda path: SileroVAD(path, threads["vad"])),
         stt=load("STT_MODEL", paths["stt"], lambda path: WhisperSTT(
-            path, threads["stt"], None if config["STT_MODEL"] else STT_NAMES[preset])),
+            path, threads["stt"], None if config["STT_MODEL"] else STT_NAMES[preset], peek_floor)),
         llm=load("LLM_MODEL", chosen_llm(cache) or paths["llm"], lambda path: load_llm(config, path)),
         tts=tts,
         tts_background=tts.at_lowest_priority() if config["COMPUTE_BACKGROUND"] and PER_THREAD_PRIORITY else None,

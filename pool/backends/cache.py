@@ -33,6 +33,7 @@ import logging
 import os
 import platform
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -259,6 +260,7 @@ def prepare(cache_dir, progress=True, preset="english", verify=False):
             _assemble_whisper_base(paths["stt"], progress)
             _pack_voices(paths["tts_voices"], {**VOICE_SHA256, **MULTILINGUAL_VOICE_SHA256})
             _write_manifest(cache, preset)
+            peek_window_floor(cache, preset, retime=True)
             log.info("Multilingual models ready in %s", cache)
         return paths
     paths = default_paths(cache)
@@ -278,6 +280,7 @@ def prepare(cache_dir, progress=True, preset="english", verify=False):
     shutil.rmtree(cache / "llm", ignore_errors=True)
     _write_manifest(cache, "english")
     tts_variant(cache, retime=True)
+    peek_window_floor(cache, retime=True)
     log.info("Model cache ready in %s", cache)
     return paths
 
@@ -354,32 +357,81 @@ def tts_variant(cache_dir, threads=2, retime=False):
 
     Both variants (``default_paths``: ``tts_model``, ``tts_model_fp32``) synthesize
     TTS_TIMING_PHRASES once after a warm-up; the one with less compute is chosen and recorded in
-    the English manifest. A recorded choice is reused while the CPU and thread count are the same
-    (a cache copied to another machine is timed again there, about 15 s); ``retime`` times anew.
+    the English manifest (``_timed_choice``; timing anew takes about 15 s).
     """
     from pool.backends.tts import KokoroTTS
 
-    manifest = _manifest(cache_dir, "english")
-    recorded = json.loads(manifest.read_text())
-    known = recorded.get("tts_variant") or {}
+    def measure():
+        paths = default_paths(cache_dir)
+        compute, audio = {}, 0.0
+        for variant in TTS_VARIANTS:
+            tts = KokoroTTS(paths["tts_model" if variant == "int8" else "tts_model_fp32"], paths["tts_voices"],
+                            threads)
+            tts.synthesize("Hello.", "af_heart")
+            started, audio = time.perf_counter(), 0.0
+            for phrase in TTS_TIMING_PHRASES:
+                audio += len(tts.synthesize(phrase, "af_heart")) / 24_000
+            compute[variant] = round(time.perf_counter() - started, 3)
+            del tts
+        chosen = min(compute, key=compute.get)
+        log.info("Kokoro on this CPU: %s", ", ".join(f"{v} {s:.2f} s" for v, s in compute.items()) +
+                 f" for {audio:.1f} s of speech; using {chosen}")
+        return {"chosen": chosen, "compute_s": compute, "audio_s": round(audio, 3)}
+
+    return _timed_choice(cache_dir, "english", "tts_variant", threads, retime, measure)
+
+
+# A peek is due within the decision budget of speech over the reply: the first comes at 320 ms of
+# voiced speech, and an interruption should stop the reply 0.7 s after it starts (p50), so a peek
+# has about 0.25 s, less under the load of a reply being written. Encoding the 10 s floor's window
+# cost about 0.3 s of a 0.35 s peek on a Zen 1 (misses 53/82 with it, 18/82 without) and 0.04 s
+# of a 0.07 s peek on a Zen 5, where going without it gained nothing (BENCHMARKS.md 14g, 14h).
+PEEK_ENCODE_BUDGET_S = 0.15
+
+
+def peek_window_floor(cache_dir, preset="english", threads=2, retime=False):
+    """The least encoder window of a peek (``WhisperSTT.hear``) with ``preset``'s Whisper on this
+    CPU: ``{"floor_s": MIN_WINDOW_SECONDS | 0, "cpu": cpu_signature(), "threads": n, "encode_s":
+    {"floor": seconds, "no_floor": seconds}}``.
+
+    The floor (a window of at least 10 s) makes Whisper repeat itself less and tells backchannels
+    from interruptions best; it is kept unless encoding 1 s of audio in its window costs more than
+    PEEK_ENCODE_BUDGET_S here, where a peek would decide too late and interruptions are missed
+    (BENCHMARKS.md 14h: on a Zen 1, missed 53/82 -> 18/82 without it, 9 -> 11 of 84 backchannels
+    taken for interruptions). The floor is the encoder's cost, whatever was said, so the timing's
+    audio is 1 s of low noise: the median of five encodings of each window after a warm-up, about
+    2 s on a slow CPU. Recorded in ``preset``'s manifest (``_timed_choice``).
+    """
+    from pool.backends.stt import MIN_WINDOW_SECONDS, WhisperSTT
+
+    def measure():
+        stt = WhisperSTT(default_paths(cache_dir, preset)["stt"], threads)
+        audio = np.random.default_rng(0).normal(0, 0.01, 16_000).astype(np.float32)
+        encode_s = {}
+        for name, floor in (("floor", MIN_WINDOW_SECONDS), ("no_floor", 0)):
+            stt.encode_seconds(audio, floor)  # the first call plans the shape
+            encode_s[name] = round(statistics.median(stt.encode_seconds(audio, floor) for _ in range(5)), 4)
+        floor_s = MIN_WINDOW_SECONDS if encode_s["floor"] <= PEEK_ENCODE_BUDGET_S else 0
+        log.info("Whisper (%s) encodes a peek's window in %.3f s with the %d s floor, %.3f s without; %s",
+                 preset, encode_s["floor"], MIN_WINDOW_SECONDS, encode_s["no_floor"],
+                 "keeping the floor" if floor_s else "peeks go without it")
+        return {"floor_s": floor_s, "encode_s": encode_s}
+
+    return _timed_choice(cache_dir, preset, "peek_window", threads, retime, measure)
+
+
+def _timed_choice(cache_dir, preset, key, threads, retime, measure):
+    """A choice timed on this CPU (``measure()``: its dict), recorded under ``key`` in
+    ``preset``'s manifest with ``cpu_signature()`` and ``threads``, and reused while both are the
+    same: a cache copied to another machine is timed again there; ``retime`` times anew."""
+    manifest = _manifest(cache_dir, preset)
+    known = json.loads(manifest.read_text()).get(key) or {}
     if not retime and known.get("cpu") == cpu_signature() and known.get("threads") == threads:
         return known
-    paths = default_paths(cache_dir)
-    compute, audio = {}, 0.0
-    for variant in TTS_VARIANTS:
-        tts = KokoroTTS(paths["tts_model" if variant == "int8" else "tts_model_fp32"], paths["tts_voices"], threads)
-        tts.synthesize("Hello.", "af_heart")
-        started, audio = time.perf_counter(), 0.0
-        for phrase in TTS_TIMING_PHRASES:
-            audio += len(tts.synthesize(phrase, "af_heart")) / 24_000
-        compute[variant] = round(time.perf_counter() - started, 3)
-        del tts
-    choice = {"chosen": min(compute, key=compute.get), "cpu": cpu_signature(), "threads": threads,
-              "compute_s": compute, "audio_s": round(audio, 3)}
-    log.info("Kokoro on this CPU: %s", ", ".join(f"{v} {s:.2f} s" for v, s in compute.items()) +
-             f" for {audio:.1f} s of speech; using {choice['chosen']}")
+    choice = {**measure(), "cpu": cpu_signature(), "threads": threads}
+    recorded = json.loads(manifest.read_text())
     partial = manifest.with_suffix(f".{os.getpid()}.partial")  # processes starting at once each write whole
-    partial.write_text(json.dumps({**recorded, "tts_variant": choice}, indent=2))
+    partial.write_text(json.dumps({**recorded, key: choice}, indent=2))
     os.replace(partial, manifest)
     return choice
 

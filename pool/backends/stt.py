@@ -9,6 +9,7 @@ utterances. Audio over ``SHORT_WINDOW_MAX_SECONDS`` takes faster-whisper's ordin
 """
 
 import math
+import time
 from pathlib import Path
 
 import ctranslate2
@@ -22,8 +23,13 @@ from pool.backends.base import SPEECH_RATE
 FRAMES_PER_SECOND = 100  # Whisper's log-mel hop is 10 ms
 FULL_WINDOW_FRAMES = 3000  # Whisper's 30 s window
 # A window within about 1 s of the audio makes Whisper repeat itself; 4 s of margin and a 10 s
-# floor did not, on 80 utterances (the team's model notes, "Faster stages").
+# floor did not, on 80 utterances (the team's model notes, "Faster stages"). A peek may go
+# without the floor where this CPU encodes it too slowly (WhisperSTT's peek_floor).
 MIN_WINDOW_SECONDS, WINDOW_MARGIN_SECONDS = 10, 4
+# Without the floor a peek's likeness reads lower: at -2.0 it separated the interruption corpus's
+# tune peeks as the floor did at -1.8 (BENCHMARKS.md 14g). hear() adds this back, so that one
+# BACKCHANNEL_LIKENESS serves both windows.
+NO_FLOOR_LIKENESS_SHIFT = 0.2
 SHORT_WINDOW_MAX_SECONDS = 26.0
 # Decoded tokens allowed per second of audio (fast speech is ~4 tokens/s): a bound on any loop.
 TOKENS_PER_SECOND, MIN_TOKENS = 8, 16
@@ -35,23 +41,27 @@ NO_SPEECH_THRESHOLD, LOG_PROB_THRESHOLD = 0.6, -1.0
 FIRST_TOKEN_GAP = 4.0
 
 
-def encoder_frames(seconds):
-    """Log-mel frames to encode for ``seconds`` of audio: max(10 s, audio + 4 s), at most 30 s."""
-    window = max(MIN_WINDOW_SECONDS, math.ceil(seconds + WINDOW_MARGIN_SECONDS))
+def encoder_frames(seconds, floor=MIN_WINDOW_SECONDS):
+    """Log-mel frames to encode for ``seconds`` of audio: max(``floor``, audio + 4 s) seconds'
+    worth, at most 30 s (3000 frames)."""
+    window = max(floor, math.ceil(seconds + WINDOW_MARGIN_SECONDS))
     return min(FULL_WINDOW_FRAMES, FRAMES_PER_SECOND * window)
 
 
 class WhisperSTT:
     """``model_path``: a CTranslate2 Whisper folder; ``threads``: CTranslate2 CPU threads;
-    ``name``: the model's name (``pool.backends.cache.STT_NAMES``; else the folder's).
+    ``name``: the model's name (``pool.backends.cache.STT_NAMES``; else the folder's);
+    ``peek_floor``: the least encoder window of a peek (``hear``), seconds: MIN_WINDOW_SECONDS, or
+    0 where this CPU encodes that window too slowly for a peek (``cache.peek_window_floor``).
 
     One model serves all units: CTranslate2 queues concurrent calls on its workers
     (``num_workers=1``), so two sessions transcribing at once take turns instead of
     oversubscribing the cores.
     """
 
-    def __init__(self, model_path, threads=2, name=None):
+    def __init__(self, model_path, threads=2, name=None, peek_floor=MIN_WINDOW_SECONDS):
         self.name = name or Path(model_path).name
+        self.peek_floor = peek_floor
         self.model = WhisperModel(str(model_path), device="cpu", compute_type="int8",
                                   cpu_threads=threads, num_workers=1)
         self._tokenizers = {}  # language -> faster_whisper Tokenizer
@@ -93,8 +103,9 @@ class WhisperSTT:
         Then the phrases left and the transcript are forced through the decoder on the same
         encoding (CTranslate2's ``align``): the likeness is the best phrase's mean token
         log-probability minus the transcript's ("I see." against "I said Tuesday" fails at
-        "see"). Measured on the interruption corpus (bench.interruptions, BENCHMARKS.md 14)."""
-        encoded, frames, language = self._encode(audio, language)
+        "see"). Measured on the interruption corpus (bench.interruptions, BENCHMARKS.md 14); a
+        peek without the window floor adds NO_FLOOR_LIKENESS_SHIFT."""
+        encoded, frames, language = self._encode(audio, language, floor=self.peek_floor)
         tokenizer = self._tokenizer(language)
         text, tokens, first = self._decode(encoded, len(audio) / SPEECH_RATE, tokenizer, prompt, bool(phrases))
         if not text or not phrases:
@@ -102,20 +113,22 @@ class WhisperSTT:
         forced = [tokenizer.encode(" " + phrase.strip()) for phrase in phrases]
         gaps = [float(first[f[0]] - first[tokens[0]]) for f in forced]
         kept = [f for f, gap in zip(forced, gaps, strict=True) if gap >= -FIRST_TOKEN_GAP]
+        shift = NO_FLOOR_LIKENESS_SHIFT if self.peek_floor < MIN_WINDOW_SECONDS else 0.0
         if not kept:
-            return text, round(max(gaps), 3)
+            return text, round(max(gaps) + shift, 3)
         batch = ctranslate2.StorageView.from_array(np.repeat(np.asarray(encoded), len(kept) + 1, axis=0))
         start = list(tokenizer.sot_sequence) + [tokenizer.no_timestamps]
         aligned = self.model.model.align(batch, start, [*kept, tokens], [frames] * (len(kept) + 1))
         scores = [float(np.mean(np.log(np.maximum(a.text_token_probs, 1e-9)))) if len(a.text_token_probs) else -20.0
                   for a in aligned]
-        return text, round(max(scores[:-1]) - scores[-1], 3)
+        return text, round(max(scores[:-1]) - scores[-1] + shift, 3)
 
-    def _encode(self, audio, language):
+    def _encode(self, audio, language, floor=MIN_WINDOW_SECONDS):
         """``(Whisper's encoding of audio, its log-mel frames, language)``: a window just longer
-        than the audio; ``language`` as given, else detected (multilingual), else "en"."""
+        than the audio (``floor``: its least length, seconds); ``language`` as given, else
+        detected (multilingual), else "en"."""
         seconds = len(audio) / SPEECH_RATE
-        frames = encoder_frames(seconds)
+        frames = encoder_frames(seconds, floor)
         features = self.model.feature_extractor(audio)[:, :frames]
         used = features.shape[1]
         features = np.pad(features, ((0, 0), (0, frames - used)))
@@ -125,6 +138,13 @@ class WhisperSTT:
         elif language is None:  # [[("<|es|>", p), ...]]: the most probable first
             language = self.model.model.detect_language(encoded)[0][0][0][2:-2]
         return encoded, max(1, min(used, frames)), language
+
+    def encode_seconds(self, audio, floor):
+        """Seconds this CPU takes to encode ``audio`` (float32 mono, 16 kHz) in the window of
+        ``floor`` (``encoder_frames``), English: what a peek's window costs."""
+        started = time.perf_counter()
+        self._encode(audio, "en", floor)
+        return time.perf_counter() - started
 
     def _decode(self, encoded, seconds, tokenizer, prompt, first_step=False):
         """``(transcript, its tokens, log-probabilities of the vocabulary at its first step or
