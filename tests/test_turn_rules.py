@@ -15,6 +15,7 @@ from realtime.session_config import Backchannels
     ("Mm-hmm.", False), ("Mm-huh.", False), ("Uh-huh.", False), ("And Mm-hmm.", False),
     ("Mm-hums.", False), ("Yeah.", False), ("Yeah, okay.", False), ("Yes.", False),
     ("Right, right.", False), ("All right.", False), ("All of it, please.", True), ("Yeah, f-", False), ("", False), ("...", False), ("S...", False),
+    ("Yeah...", False), ("And so...", True),  # an ellipsis trails off after a whole word
     ("I'm", False),  # Whisper's spelling of the start of a hum; "I'm sorry" is words
     ("I'm sorry, what?", True),
     ("Wait.", True), ("Wait, stop.", True), ("Stop.", True), ("No.", True), ("What?", True),
@@ -39,6 +40,13 @@ CUES = frozenset(DEFAULTS["INTERRUPTION_WORDS"])
 def test_a_peek_interrupts_on_a_cue_or_on_words_that_sound_like_no_backchannel(heard, likeness, expected):
     backchannels = frozenset(DEFAULTS["BACKCHANNEL_WORDS"])
     assert interrupts(heard, backchannels, likeness, DEFAULTS["BACKCHANNEL_LIKENESS"], CUES) is expected
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_dashed_last_word_is_cut_off_by_a_peek_not_in_the_whole_utterance(whole):
+    backchannels = frozenset(DEFAULTS["BACKCHANNEL_WORDS"])
+    assert interrupts("And not-", backchannels, -3.0, DEFAULTS["BACKCHANNEL_LIKENESS"], CUES, whole=whole) is whole
+    assert interrupts("Yeah, f-", backchannels, -3.0, DEFAULTS["BACKCHANNEL_LIKENESS"], CUES, whole=whole) is False
 
 
 def test_words_join_hyphens_and_drop_punctuation():

@@ -236,6 +236,32 @@ async def test_speech_over_the_reply_that_peeks_cannot_make_out_is_judged_when_i
     await client.ws.disconnect()
 
 
+async def test_words_a_peek_took_for_cut_off_are_counted_once_the_speech_has_ended(connect):
+    """Default settings. Every peek at JFK's "Ask not" under 10 dB of noise heard "And not-": while
+    it was being said, "not-" may be a word the peek cut off, and "And" alone is a backchannel
+    word. The last peek hears the whole utterance, so "not" was said: with a likeness unlike any
+    backchannel, it is a turn that interrupts and is answered, not dropped with its words."""
+    SCRIPT.transcript = "And not-"
+    SCRIPT.peek_transcript = "And not-"
+    SCRIPT.peek_likeness = -3.0
+    SCRIPT.token_delay = 0.4  # the reply is active throughout
+    SCRIPT.reply = "The moon is bright tonight. It has no air. Astronauts walked on it long ago."
+    client = await session(connect)
+    await ask_by_text(client)
+    await client.until("response.output_audio.delta", timeout=30)
+    await stream(client, jfk_segment(*SHORT), realtime=False)
+    await stream(client, silence(1.0), realtime=False)
+    await client.until("response.done", timeout=30)  # the reply, cancelled
+    await client.until("response.done", timeout=30)  # the answer to the turn
+    await until_idle(client)
+    done = [e["response"] for e in client.received if e["type"] == "response.done"]
+    assert [(r["status"], (r["status_details"] or {}).get("reason")) for r in done] == [
+        ("cancelled", "turn_detected"), ("completed", None)]
+    assert user_messages(SCRIPT.requests[-1])[-1] == "And not-"
+    check_turns_answered(client.received)
+    await client.ws.disconnect()
+
+
 async def test_with_no_minimum_any_speech_over_the_reply_interrupts_at_once(connect, settings):
     """INTERRUPT_MIN_SPEECH_MS 0 is OpenAI's behaviour: speech_started cancels the reply."""
     settings.S2S = {**settings.S2S, "INTERRUPT_MIN_SPEECH_MS": 0}

@@ -149,7 +149,7 @@ def _letter(c):
     return c if c.isalpha() or kind == "Mc" else " "
 
 
-def interrupts(peeked, backchannel_words, likeness=None, threshold=None, cues=frozenset()):
+def interrupts(peeked, backchannel_words, likeness=None, threshold=None, cues=frozenset(), whole=False):
     """True when a peek at speech over the assistant heard a word that marks an interruption
     (``cues``: "wait", "stop", ...), or words other than backchannels (``backchannel_words`` and
     hums however spelled) in audio that is not like a backchannel phrase either: its
@@ -157,19 +157,21 @@ def interrupts(peeked, backchannel_words, likeness=None, threshold=None, cues=fr
     the words alone decide). Whisper tiny.en writes a listener's "mm-hmm" or "uh-huh" in a voice
     it has not heard as other words ("I'm Emm Hong.", "Dye her"), which the likeness sees
     through; a short "Wait" peeked at after 300 ms may sound like "Wow", which its cue does not.
-    The peek's last word may be cut off ("Yeah, f-") and is then not counted, nor are fragments
-    without a vowel ("Sh", "D")."""
-    if heard_cue(peeked, cues):
+    The peek's last word may be cut off ("Yeah, f-") and is then not counted, unless the peek is
+    of the ``whole`` utterance (its speech had ended: "And not-" is "and not"); nor are
+    fragments without a vowel ("Sh", "D")."""
+    if heard_cue(peeked, cues, whole):
         return True
-    said = [w for w in _peeked_words(peeked) if not _FRAGMENT.match(w)]
+    said = [w for w in _peeked_words(peeked, whole) if not _FRAGMENT.match(w)]
     if not said or all(w in backchannel_words or _HUM.match(w) for w in said):
         return False
     return likeness is None or threshold is None or likeness < threshold
 
 
-def heard_cue(peeked, cues):
-    """True when a peek heard a whole word that marks an interruption (``cues``)."""
-    return any(w in cues for w in _peeked_words(peeked))
+def heard_cue(peeked, cues, whole=False):
+    """True when a peek (of the ``whole`` utterance or not) heard a whole word that marks an
+    interruption (``cues``)."""
+    return any(w in cues for w in _peeked_words(peeked, whole))
 
 
 def lone_word(peeked, cues=frozenset()):
@@ -182,10 +184,12 @@ def lone_word(peeked, cues=frozenset()):
     return len(said) == 1 and said[0] not in cues
 
 
-def _peeked_words(peeked):
-    """``words(peeked)`` without its last word when the peek cut it off ("Yeah, f-", "And so...")."""
+def _peeked_words(peeked, whole=False):
+    """``words(peeked)`` without its last word when the peek cut it off ("Yeah, f-"); a peek of
+    the ``whole`` utterance cut nothing off. An ellipsis is speech trailing off, after a whole
+    word ("And so...": "so" was said) or a fragment ("S...", which is no word anyway)."""
     said = words(peeked)
-    return said[:-1] if peeked.rstrip().endswith(("-", "...", "\u2026")) else said
+    return said[:-1] if not whole and peeked.rstrip().endswith("-") else said
 
 
 class _Undecided:
@@ -359,7 +363,8 @@ class TurnTaking:
             undecided.heard.append((event.voiced_ms, event.transcript, event.likeness))
             log.info("session %s: speech over the assistant, %d ms voiced, heard %r (likeness %s)", self._session_id,
                      event.voiced_ms, event.transcript, event.likeness)
-            if interrupts(event.transcript, self._backchannels, event.likeness, self._rule.likeness, self._cues):
+            if interrupts(event.transcript, self._backchannels, event.likeness, self._rule.likeness, self._cues,
+                          whole=event.final):
                 unsure = self._unsure(event)
                 if (not event.final and event.voiced_ms < PEEK_LIMIT_MS
                         and (unsure or undecided.peeks == 1 and lone_word(event.transcript, self._cues))):
@@ -377,7 +382,7 @@ class TurnTaking:
         if isinstance(event, m.Transcribed):
             undecided.heard.append((None, event.transcript, None))
             if (not undecided.judged_whole and not undecided.peek_pending
-                    and interrupts(event.transcript, self._backchannels, cues=self._cues)):
+                    and interrupts(event.transcript, self._backchannels, cues=self._cues, whole=True)):
                 return self._confirm(undecided)  # longer than the peeks listen: judged by its transcript
         if isinstance(event, (m.Transcribed, m.TranscriptionFailed)):
             undecided.ended = True
@@ -394,7 +399,7 @@ class TurnTaking:
         the interruption corpus's tune part) or goes on."""
         rule = self._rule
         return (peeked.voiced_ms < (rule.max_ms or 0) and peeked.likeness is not None and rule.unlike is not None
-                and peeked.likeness >= rule.unlike and not heard_cue(peeked.transcript, self._cues))
+                and peeked.likeness >= rule.unlike and not heard_cue(peeked.transcript, self._cues, peeked.final))
 
     def _confirm(self, undecided, verdict="interruption"):
         """A real turn: it interrupts as any speech does, then its events go out as they
