@@ -212,18 +212,31 @@ async def test_words_whisper_misheard_in_a_backchannel_sound_like_one_and_leave_
     await client.ws.disconnect()
 
 
-async def test_speech_over_the_reply_that_peeks_cannot_make_out_is_judged_when_it_ends(connect):
-    """Default settings. Peeks at the first seconds of speech can hear only a cut-off word
-    (Whisper hears "S..." for "Ask not"); when the speech ends, a last peek hears all of it and
-    decides: words other than backchannels make it a turn, which interrupts and is answered."""
-    SCRIPT.transcript = "Ask not what your country can do for you."
-    SCRIPT.peek_transcript = lambda audio: "S..." if len(audio) < 2.5 * 16_000 else SCRIPT.transcript
+ASK_NOT = "Ask not what your country can do for you."
+
+
+@pytest.mark.parametrize("segment, transcript, peeked, likeness", [
+    # Peeks at the first seconds hear only a cut-off word (Whisper hears "S..." for "Ask not").
+    (LONG, ASK_NOT, lambda audio: "S..." if len(audio) < 2.5 * 16_000 else ASK_NOT, None),
+    # Every peek at JFK's "Ask not" under 10 dB of noise heard "And not-": while it is said,
+    # "not-" may be cut off by the peek and "And" alone is a backchannel word; in the whole
+    # utterance "not" was said, in audio unlike any backchannel.
+    (SHORT, "And not-", "And not-", -3.0),
+], ids=["cut-off-word", "dashed-last-word"])
+async def test_speech_over_the_reply_that_peeks_cannot_make_out_is_judged_when_it_ends(
+        connect, segment, transcript, peeked, likeness):
+    """Default settings. When speech over the reply ends, a last peek hears all of it and
+    decides: words other than backchannels make it a turn, which interrupts and is answered,
+    not dropped with its words."""
+    SCRIPT.transcript = transcript
+    SCRIPT.peek_transcript = peeked
+    SCRIPT.peek_likeness = likeness
     SCRIPT.token_delay = 0.4  # the reply is active throughout
     SCRIPT.reply = "The moon is bright tonight. It has no air. Astronauts walked on it long ago."
     client = await session(connect)
     await ask_by_text(client)
     await client.until("response.output_audio.delta", timeout=30)
-    await stream(client, jfk_segment(*LONG), realtime=False)
+    await stream(client, jfk_segment(*segment), realtime=False)
     await stream(client, silence(1.0), realtime=False)
     await client.until("response.done", timeout=30)  # the reply, cancelled
     await client.until("response.done", timeout=30)  # the answer to the turn
@@ -231,33 +244,7 @@ async def test_speech_over_the_reply_that_peeks_cannot_make_out_is_judged_when_i
     done = [e["response"] for e in client.received if e["type"] == "response.done"]
     assert [(r["status"], (r["status_details"] or {}).get("reason")) for r in done] == [
         ("cancelled", "turn_detected"), ("completed", None)]
-    assert user_messages(SCRIPT.requests[-1])[-1] == "Ask not what your country can do for you."
-    check_turns_answered(client.received)
-    await client.ws.disconnect()
-
-
-async def test_words_a_peek_took_for_cut_off_are_counted_once_the_speech_has_ended(connect):
-    """Default settings. Every peek at JFK's "Ask not" under 10 dB of noise heard "And not-": while
-    it was being said, "not-" may be a word the peek cut off, and "And" alone is a backchannel
-    word. The last peek hears the whole utterance, so "not" was said: with a likeness unlike any
-    backchannel, it is a turn that interrupts and is answered, not dropped with its words."""
-    SCRIPT.transcript = "And not-"
-    SCRIPT.peek_transcript = "And not-"
-    SCRIPT.peek_likeness = -3.0
-    SCRIPT.token_delay = 0.4  # the reply is active throughout
-    SCRIPT.reply = "The moon is bright tonight. It has no air. Astronauts walked on it long ago."
-    client = await session(connect)
-    await ask_by_text(client)
-    await client.until("response.output_audio.delta", timeout=30)
-    await stream(client, jfk_segment(*SHORT), realtime=False)
-    await stream(client, silence(1.0), realtime=False)
-    await client.until("response.done", timeout=30)  # the reply, cancelled
-    await client.until("response.done", timeout=30)  # the answer to the turn
-    await until_idle(client)
-    done = [e["response"] for e in client.received if e["type"] == "response.done"]
-    assert [(r["status"], (r["status_details"] or {}).get("reason")) for r in done] == [
-        ("cancelled", "turn_detected"), ("completed", None)]
-    assert user_messages(SCRIPT.requests[-1])[-1] == "And not-"
+    assert user_messages(SCRIPT.requests[-1])[-1] == transcript
     check_turns_answered(client.received)
     await client.ws.disconnect()
 
