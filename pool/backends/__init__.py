@@ -93,10 +93,11 @@ def load_default(config):
     with ``prepare_models --llm`` when there is one, ``pool.backends.fetch``), Kokoro (the variant
     of ``S2S["TTS_VARIANT"]``; "auto": the faster on this CPU, ``cache.tts_variant``) and Smart
     Turn; Whisper peeks with the window floor of ``S2S["PEEK_WINDOW_FLOOR_S"]`` (None: the one
-    timed for this CPU, ``cache.peek_window_floor``). They need the prepared model cache (``manage.py prepare_models``), prepared here when
-    missing. Raises ``pool.backends.cache.PreparationError`` when it cannot be, when a file of the cache
-    is damaged (its size changed), or when a model file does not load: one line that names the
-    file and the command that mends it."""
+    timed for this CPU, ``cache.peek_window_floor``). They need the prepared model cache
+    (``manage.py prepare_models``), prepared here when missing. Raises
+    ``pool.backends.cache.PreparationError`` when it cannot be, when a file of the cache is
+    damaged (its size changed), or when a model file does not load: one line that names the file
+    and the command that mends it."""
     from pool.backends.cache import (
         STT_NAMES,
         PreparationError,

@@ -429,7 +429,7 @@ def _timed_choice(cache_dir, preset, key, threads, retime, measure):
     if not retime and known.get("cpu") == cpu_signature() and known.get("threads") == threads:
         return known
     choice = {**measure(), "cpu": cpu_signature(), "threads": threads}
-    recorded = json.loads(manifest.read_text())
+    recorded = json.loads(manifest.read_text())  # again: another choice may have been recorded meanwhile
     partial = manifest.with_suffix(f".{os.getpid()}.partial")  # processes starting at once each write whole
     partial.write_text(json.dumps({**recorded, key: choice}, indent=2))
     os.replace(partial, manifest)
