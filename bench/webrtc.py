@@ -87,7 +87,7 @@ def webrtc_turns(client, played_at, onset_ms):
     answers to ``output_audio_buffer.started`` and to the first audible frame heard."""
     first_start = next(e["audio_start_ms"] for e in client.events if e["type"] == "input_audio_buffer.speech_started")
     t0 = played_at - (first_start - onset_ms) / 1000  # when the buffer's clock was at 0
-    stopped, last_item, created, started, rows = {}, None, {}, {}, []
+    stopped, last_item, created, started, completed, rows = {}, None, {}, {}, [], []
     for at, event in zip(client.arrived, client.events, strict=True):
         kind = event["type"]
         if kind == "input_audio_buffer.speech_stopped":
@@ -99,15 +99,18 @@ def webrtc_turns(client, played_at, onset_ms):
         elif kind == "output_audio_buffer.started":
             started.setdefault(event["response_id"], at)
         elif kind == "response.done" and event["response"]["status"] == "completed":
-            response_id = event["response"]["id"]
-            at_created, item = created[response_id]
-            if item not in stopped or response_id not in started:
-                continue
-            end_of_speech = t0 + stopped[item] / 1000
-            audible = next((t for t, samples in client.heard if t >= at_created
-                            and np.sqrt(np.mean((samples / 32768.0) ** 2)) > 0.01), None)
-            rows.append({"playback_started": round((started[response_id] - end_of_speech) * 1000, 1),
-                         "first_audible": None if audible is None else round((audible - end_of_speech) * 1000, 1)})
+            completed.append(event["response"]["id"])
+    # A reply whose audio was all made before its turn committed (a speculative one) can be done
+    # before its playback starts: output_audio_buffer.started may come after response.done.
+    for response_id in completed:
+        at_created, item = created[response_id]
+        if item not in stopped or response_id not in started:
+            continue
+        end_of_speech = t0 + stopped[item] / 1000
+        audible = next((t for t, samples in client.heard if t >= at_created
+                        and np.sqrt(np.mean((samples / 32768.0) ** 2)) > 0.01), None)
+        rows.append({"playback_started": round((started[response_id] - end_of_speech) * 1000, 1),
+                     "first_audible": None if audible is None else round((audible - end_of_speech) * 1000, 1)})
     return rows
 
 
