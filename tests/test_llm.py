@@ -3,6 +3,7 @@ transformers (for checkpoint folders and GPUs)."""
 
 import json
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -58,6 +59,22 @@ def test_llama_cpp_streams_a_reply(llama):
     text = "".join(chunks)
     assert len(chunks) > 5 and "paris" in text.lower(), text
     assert usage["input_tokens"] > 10 and 0 < usage["output_tokens"] <= 60
+
+
+def test_llama_cpp_warm_up_leaves_the_instructions_in_every_slots_prompt_cache(gguf):
+    """A fresh server's slots hold nothing: of requests sent at once, one at least prefills its
+    whole prompt. After ``warm_up`` every slot holds the instructions, and each of three
+    requests at once reads them from its slot's cache (llama.cpp's ``cached_tokens``)."""
+    llm = LlamaCppLLM(gguf, threads=2, slots=3)  # a server of its own, which no other test warms
+    system = {"role": "system", "content": f"{DEFAULTS['VOICE_STYLE']}\n\n{DEFAULTS['DEFAULT_INSTRUCTIONS']}"}
+    llm.warm_up([system, {"role": "user", "content": "Hello!"}])
+
+    def ask(question):
+        return _run(llm, LLMRequest([system, {"role": "user", "content": question}], 4))[1]
+
+    with ThreadPoolExecutor(3) as at_once:
+        usages = list(at_once.map(ask, ["What is two plus two?", "Name a colour.", "Where is Paris?"]))
+    assert all(usage["cached_tokens"] > usage["input_tokens"] / 2 for usage in usages), usages
 
 
 def test_llama_cpp_stops_within_one_token_of_a_cancel(llama):

@@ -157,4 +157,44 @@ def load_default(config):
         echo=load_echo_canceller(),
     )
     log.info("Models loaded in %.1f s", time.perf_counter() - started)
+    log.info("Models warmed up in %.1f s", warm_up(backends, config))
     return backends
+
+
+WARM_UP_TEXT = "Hello, how are you?"  # spoken by the TTS, then heard by the rest
+
+
+def warm_up(backends, config):
+    """Run each default model once before the pool serves, so that its first user does not pay
+    for a runtime's first call: onnxruntime's and CTranslate2's first run of a graph, and
+    llama.cpp's prefill of the default instructions (``DEFAULT_INSTRUCTIONS`` after
+    ``VOICE_STYLE``, as a session sends them), which then stays in every slot's prompt cache: a
+    session with those instructions prefills only its own messages. Measured in a fresh process
+    on a Zen 4 (BENCHMARKS.md 1j): the first call took 90 ms more than the next in Whisper, 70 ms
+    in Kokoro, 120 ms in Smart Turn and 220 ms in llama.cpp, in each slot.
+
+    ``backends``: those of ``load_default``; the LLM only when it has ``warm_up(messages)`` (an
+    endpoint's is not called: a request there may cost money, and its server keeps its own
+    caches). Returns the seconds taken; raises what a model raises."""
+    import numpy as np
+    import soxr
+
+    from pool.backends.base import SPEECH_RATE, TTS_RATE, VAD_WINDOW_SAMPLES
+    from realtime.session.responses import with_voice_style  # the system message sessions send
+
+    started = time.perf_counter()
+    voice = backends.tts.resolve_voice(config["DEFAULT_VOICE"])
+    speech = backends.tts.synthesize(WARM_UP_TEXT, voice)
+    if backends.tts_background is not None:
+        backends.tts_background.synthesize(WARM_UP_TEXT, voice)
+    heard = soxr.resample(speech, TTS_RATE, SPEECH_RATE).astype(np.float32)
+    stream = backends.vad.new_stream()
+    for start in range(0, len(heard) - VAD_WINDOW_SAMPLES + 1, VAD_WINDOW_SAMPLES):
+        stream.probability(heard[start:start + VAD_WINDOW_SAMPLES])
+    backends.stt.transcribe(heard)
+    backends.stt.hear(heard[:SPEECH_RATE], None, config["BACKCHANNEL_PROMPT"], config["BACKCHANNEL_PHRASES"]["en"])
+    backends.turn.is_complete(heard)
+    if hasattr(backends.llm, "warm_up"):
+        system = with_voice_style(config["DEFAULT_INSTRUCTIONS"], config["VOICE_STYLE"], "audio")
+        backends.llm.warm_up([{"role": "system", "content": system}, {"role": "user", "content": WARM_UP_TEXT}])
+    return time.perf_counter() - started

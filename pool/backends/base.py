@@ -170,7 +170,8 @@ class LLM(Protocol):
         """Generate the reply to ``request`` (``LLMRequest``, below): stream its text
         through ``on_text(text)``; report a tool call as ``on_function_call(name, arguments,
         call_id=None)`` (``arguments``: a JSON string) instead of text; return as soon as
-        ``should_stop()`` is true. Returns usage: ``{"input_tokens", "output_tokens"}``."""
+        ``should_stop()`` is true. Returns usage: ``{"input_tokens", "output_tokens"}``, and
+        ``"cached_tokens"`` (those of the input read from a prompt cache) where the backend says."""
 
 
 class TTS(Protocol):
