@@ -10,7 +10,20 @@ from pool.backends.cache import default_paths
 from pool.conf import DEFAULTS
 from tests.proxy import Caddy
 
-from . import answers, connect_storm, faults, listening, noise, proxy, soak, stages, throughput, turn_latency, webrtc
+from . import (
+    answers,
+    connect_storm,
+    faults,
+    first_turn,
+    listening,
+    noise,
+    proxy,
+    soak,
+    stages,
+    throughput,
+    turn_latency,
+    webrtc,
+)
 from .common import RECORDINGS, emit, rss_mb, start_server
 
 
@@ -36,6 +49,7 @@ def main():
     paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"])
     result["stages"] = {"stt": stages.stt_rows(paths, 1), "llm": stages.llm_rows(paths, 1, [], True),
                         "tts": stages.tts_rows(paths, 1)}
+    result["first_turn"] = first_turn.run(1)
     result["faults"] = asyncio.run(faults.run(["malformed_frames", "bad_http"], 1, 1.0))
     result["noise"] = noise.run(1.0)
     emit("smoke", result)

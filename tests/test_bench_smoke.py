@@ -38,6 +38,7 @@ def test_bench_smoke_runs_every_benchmark():
     assert result["webrtc"]["first_audio_ms"]["webrtc_playback_started"]["n"] >= 1
     assert result["proxy"]["first_audio_ms"]["through_caddy"]["n"] >= 1
     assert "ask not what your country" in result["stages"]["stt"][0]["transcript"].lower()
+    assert len(result["first_turn"]) == 1 and result["first_turn"][0]["first_audio"] > 0
     assert [row["fault"] for row in result["faults"]] == ["malformed_frames", "bad_http"]
     assert len(result["noise"]["rows"]) == 8 and result["noise"]["denoise_seconds_per_audio_second"] > 0
     assert result["stages"]["llm"][0]["tokens_per_s"] > 0 and result["stages"]["tts"][0]["audio_s"] > 0
