@@ -170,8 +170,8 @@ def warm_up(backends, config):
     llama.cpp's prefill of the default instructions (``DEFAULT_INSTRUCTIONS`` after
     ``VOICE_STYLE``, as a session sends them), which then stays in every slot's prompt cache: a
     session with those instructions prefills only its own messages. Measured in a fresh process
-    on a Zen 4 (BENCHMARKS.md 1j): the first call took 90 ms more than the next in Whisper, 70 ms
-    in Kokoro, 120 ms in Smart Turn and 220 ms in llama.cpp, in each slot.
+    on a Zen 4 (BENCHMARKS.md 1i): the first call took 70 ms more than the next in Whisper, 55 ms
+    in Kokoro, 90 ms in Smart Turn and 220 ms in llama.cpp, in each slot.
 
     ``backends``: those of ``load_default``; the LLM only when it has ``warm_up(messages)`` (an
     endpoint's is not called: a request there may cost money, and its server keeps its own
