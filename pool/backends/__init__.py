@@ -179,8 +179,7 @@ def warm_up(backends, config):
     import numpy as np
     import soxr
 
-    from pool.backends.base import SPEECH_RATE, TTS_RATE, VAD_WINDOW_SAMPLES
-    from realtime.session.responses import with_voice_style  # the system message sessions send
+    from pool.backends.base import SPEECH_RATE, TTS_RATE, VAD_WINDOW_SAMPLES, with_voice_style
 
     started = time.perf_counter()
     voice = backends.tts.resolve_voice(config["DEFAULT_VOICE"])

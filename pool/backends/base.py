@@ -214,6 +214,14 @@ class Backends:
     tts_background: TTS | None = None
 
 
+def with_voice_style(instructions, style, modality):
+    """The system message of a reply: ``instructions`` after the server's voice-style text
+    ``style`` (``S2S["VOICE_STYLE"]``) for a spoken reply (``modality`` "audio"); as they are for
+    text, or with no style. Here, beside ``LLMRequest``, so that the warm-up of ``load_default``
+    prefills the message sessions send."""
+    return f"{style}\n\n{instructions}" if style and modality == "audio" else instructions
+
+
 @dataclass
 class LLMRequest:
     """One response to generate. ``max_output_tokens``: a positive int (already capped).

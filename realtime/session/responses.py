@@ -72,12 +72,6 @@ class Response:
         }
 
 
-def with_voice_style(instructions, style, modality):
-    """``instructions`` after the server's voice-style text ``style`` (``S2S["VOICE_STYLE"]``)
-    for a spoken reply (``modality`` "audio"); as they are for text, or with no style."""
-    return f"{style}\n\n{instructions}" if style and modality == "audio" else instructions
-
-
 def with_reply_language(instructions, language):
     """``instructions`` with the reply's language said to the LLM (``language``: ISO 639-1 of
     the user's turn, or None to say nothing)."""

@@ -21,7 +21,7 @@ import time
 from dataclasses import replace
 
 from pool import metrics
-from pool.backends.base import LLMRequest
+from pool.backends.base import LLMRequest, with_voice_style
 from pool.backends.voices import voice_for_language
 from pool.history.recorder import NoRecords
 from pool.ids import new_id
@@ -38,7 +38,7 @@ from realtime.session.conversation_events import ConversationEvents
 from realtime.session.history import SessionHistory
 from realtime.session.mcp import McpServers
 from realtime.session.output import ResponseOutput
-from realtime.session.responses import Response, Speculation, response_params, with_reply_language, with_voice_style
+from realtime.session.responses import Response, Speculation, response_params, with_reply_language
 from realtime.session.turns import TurnTaking
 
 log = logging.getLogger(__name__)
