@@ -44,6 +44,11 @@ async def test_jfk_in_real_time_every_turn_is_answered_and_no_reply_talks_over_t
     cancelled = [e["response"]["status_details"]["reason"] for e in events
                  if e["type"] == "response.done" and e["response"]["status"] == "cancelled"]
     assert set(cancelled) <= {"turn_detected"}
+    # Every reply counts the prompt it was made from, though its stream paused at each phrase,
+    # and the instructions come from llama.cpp's prompt cache (warmed before the pool served).
+    usages = [e["response"]["usage"] for e in events
+              if e["type"] == "response.done" and e["response"]["status"] == "completed"]
+    assert usages and all(u["input_tokens"] > u["input_token_details"]["cached_tokens"] > 0 for u in usages), usages
 
 
 async def test_the_session_history_holds_what_was_said_and_each_reply_with_its_timings(server):

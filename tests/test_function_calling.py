@@ -101,7 +101,8 @@ class ScriptedChatCompletions(BaseHTTPRequestHandler):
                      "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         usage = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [],
-                 "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
+                 "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                           "prompt_tokens_details": {"cached_tokens": 5}}}
         self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
 
     def log_message(self, *args):
@@ -124,7 +125,7 @@ def test_openai_compatible_backend_streams_text_and_assembles_tool_calls(chat_se
                          [WEATHER], "auto")
     usage = llm.generate(request, text.append, lambda: False, lambda *call: calls.append(call))
     assert calls == [("get_weather", '{"city": "Paris"}', "call_abc")] and text == []
-    assert usage == {"input_tokens": 7, "output_tokens": 3}
+    assert usage == {"input_tokens": 7, "output_tokens": 3, "cached_tokens": 5}
     sent = ScriptedChatCompletions.requests[-1]
     assert sent["tools"][0]["function"]["name"] == "get_weather" and sent["model"] == "some-model"
 

@@ -80,6 +80,9 @@ def test_llama_cpp_warm_up_leaves_the_instructions_in_every_slots_prompt_cache(g
 def test_llama_cpp_stops_within_one_token_of_a_cancel(llama):
     chunks, usage = _run(llama, _request(), stop_after=3)
     assert len(chunks) == 3 and usage["output_tokens"] == 3
+    # A stopped stream gets no usage chunk; its input is counted all the same, as a whole one's.
+    whole = _run(llama, _request(max_tokens=3))[1]
+    assert usage["input_tokens"] == whole["input_tokens"] > 10
 
 
 def test_llama_cpp_honours_max_output_tokens(llama):

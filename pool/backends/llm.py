@@ -231,9 +231,13 @@ class LlamaCppLLM:
             messages = _chat_messages(request, tools)
         if request.prefix:  # llama.cpp continues a final assistant message ("prefill")
             messages.append({"role": "assistant", "content": request.prefix})
+        # timings_per_token: every chunk says how the prompt was read (prompt_n new tokens after
+        # cache_n from the slot's cache), so a stream stopped before its end, which gets no usage
+        # chunk, still knows its input.
         body = {"messages": messages, "stream": True, "cache_prompt": True,
                 "max_tokens": request.max_output_tokens, "temperature": 0.0,
-                "repeat_penalty": self.REPEAT_PENALTY, "stream_options": {"include_usage": True}}
+                "repeat_penalty": self.REPEAT_PENALTY, "stream_options": {"include_usage": True},
+                "timings_per_token": True}
         if native:
             body["tools"], body["tool_choice"] = chat_tools(tools, request.tool_choice)
         usage = {"input_tokens": 0, "output_tokens": 0}
@@ -244,6 +248,10 @@ class LlamaCppLLM:
             if "error" in chunk:
                 errors.append(chunk["error"])
                 return True
+            timings = chunk.get("timings")
+            if timings and not usage["input_tokens"]:
+                usage["input_tokens"] = timings.get("cache_n", 0) + timings.get("prompt_n", 0)
+                usage["cached_tokens"] = timings.get("cache_n", 0)
             if chunk.get("usage"):
                 usage["input_tokens"] = chunk["usage"]["prompt_tokens"]
                 usage["output_tokens"] = chunk["usage"]["completion_tokens"]
@@ -267,7 +275,7 @@ class LlamaCppLLM:
         if sink:
             sink.finish()
         calls.finish(on_function_call)
-        # A stopped stream sends no usage: each streamed chunk is one token.
+        # A stopped stream sends no usage: each streamed chunk is one token, the input is the timings'.
         usage["output_tokens"] = max(usage["output_tokens"], usage.pop("streamed", 0))
         return usage
 
@@ -415,8 +423,10 @@ class OpenAICompatibleLLM:
         with stream:
             for chunk in stream:
                 if chunk.usage:
+                    details = chunk.usage.prompt_tokens_details  # None where the endpoint does not say
                     usage = {"input_tokens": chunk.usage.prompt_tokens,
-                             "output_tokens": chunk.usage.completion_tokens}
+                             "output_tokens": chunk.usage.completion_tokens,
+                             "cached_tokens": (details.cached_tokens if details else None) or 0}
                 for choice in chunk.choices:
                     delta = choice.delta
                     if delta and delta.content:

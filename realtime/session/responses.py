@@ -51,11 +51,14 @@ class Response:
         self.calls_running = {}  # item id -> its asyncio task
         self.llm_done = False  # this round's LLM part has finished
         self.rounds = 1
-        self.usage = {"input_tokens": 0, "output_tokens": 0}
+        self.usage = {"input_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
 
     def add_usage(self, usage):
-        """One round's tokens (the first round's prompt counts as the input)."""
-        self.usage["input_tokens"] = self.usage["input_tokens"] or usage.get("input_tokens", 0)
+        """One round's tokens (the first round's prompt counts as the input, and the part of it
+        the LLM read from its prompt cache as the cached input)."""
+        if not self.usage["input_tokens"]:
+            self.usage["input_tokens"] = usage.get("input_tokens", 0)
+            self.usage["cached_tokens"] = usage.get("cached_tokens", 0)
         self.usage["output_tokens"] += usage.get("output_tokens", 0)
 
     def body(self, status, status_details=None, usage=None):

@@ -56,8 +56,12 @@ def server_error(event_id=None):
 
 
 def _usage(tokens):
-    """A response's ``usage`` from its ``{"input_tokens", "output_tokens"}``."""
-    return {"total_tokens": tokens["input_tokens"] + tokens["output_tokens"], **tokens}
+    """A response's ``usage``, in OpenAI's shape, from its ``{"input_tokens", "cached_tokens",
+    "output_tokens"}``. Every token is text: the LLM reads the transcript, not the audio."""
+    read, cached, written = tokens["input_tokens"], tokens["cached_tokens"], tokens["output_tokens"]
+    return {"total_tokens": read + written, "input_tokens": read, "output_tokens": written,
+            "input_token_details": {"text_tokens": read, "audio_tokens": 0, "cached_tokens": cached},
+            "output_token_details": {"text_tokens": written, "audio_tokens": 0}}
 
 
 def _llm_tool_choice(tool_choice):

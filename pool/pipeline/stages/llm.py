@@ -95,8 +95,12 @@ class LLMStage(Stage):
         try:
             while True:
                 part = self._generate(job, request, on_text, should_stop, on_function_call)
-                usage = {"input_tokens": usage.get("input_tokens", part.get("input_tokens", 0)),
-                         "output_tokens": usage.get("output_tokens", 0) + part.get("output_tokens", 0)}
+                # The input is the prompt of the first part that read one: a part resumed after
+                # another's words also reads those words, which are output.
+                if not usage.get("input_tokens"):
+                    usage["input_tokens"] = part.get("input_tokens", 0)
+                    usage["cached_tokens"] = part.get("cached_tokens", 0)
+                usage["output_tokens"] = usage.get("output_tokens", 0) + part.get("output_tokens", 0)
                 if not pause:  # finished, or cancelled
                     break
                 job.wait_spoken(queued, self.SPEECH_WAIT, ended)  # stopped at a phrase: resume once it is spoken
