@@ -20,6 +20,7 @@ are being spoken (and their later phrases synthesized). ``--project-dir`` serves
 import argparse
 import asyncio
 import collections
+import json
 
 from .common import RECORDINGS, emit, start_server, stats
 from .driver import converse, turns
@@ -81,6 +82,8 @@ def main(argv=None):
                         help="seconds between the clients' starts (0: all at the same moment)")
     parser.add_argument("--compare-background", action="store_true",
                         help="each pool also without the background lane (COMPUTE_BACKGROUND off)")
+    parser.add_argument("--settings", type=json.loads, default={},
+                        help="more S2S settings for every configuration, JSON (e.g. '{\"SPECULATIVE_REPLIES\": false}')")
     parser.add_argument("--project-dir", default=None, help="serve another checkout (a \"before\" of a change)")
     args = parser.parse_args(argv)
     pools = [int(p) for p in args.pools.split(",")]
@@ -93,7 +96,7 @@ def main(argv=None):
     for name, settings in configurations.items():
         rows = []
         for pool in pools:
-            server = start_server(pool, settings(pool), project_dir=args.project_dir)
+            server = start_server(pool, {**args.settings, **settings(pool)}, project_dir=args.project_dir)
             try:
                 rows.append(run(server, pool, args.rounds, args.stagger))
             finally:
@@ -103,7 +106,8 @@ def main(argv=None):
             if single and row["first_audio_ms"]:
                 row["first_audio_p50_vs_single"] = round(row["first_audio_ms"]["p50"] / single, 2)
         results[name] = rows
-    emit("throughput_under_load", {"silence_ms": 500, "stagger_s": args.stagger, "project_dir": args.project_dir,
+    emit("throughput_under_load", {"silence_ms": 500, "stagger_s": args.stagger, "settings": args.settings,
+                                   "project_dir": args.project_dir,
                                    "configurations": results})
 
 
