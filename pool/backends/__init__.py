@@ -191,7 +191,8 @@ def warm_up(backends, config):
     for start in range(0, len(heard) - VAD_WINDOW_SAMPLES + 1, VAD_WINDOW_SAMPLES):
         stream.probability(heard[start:start + VAD_WINDOW_SAMPLES])
     backends.stt.transcribe(heard)
-    backends.stt.hear(heard[:SPEECH_RATE], None, config["BACKCHANNEL_PROMPT"], config["BACKCHANNEL_PHRASES"]["en"])
+    # A peek as sessions make one ("en"'s phrases count in every language; a setting may drop them).
+    backends.stt.hear(heard[:SPEECH_RATE], None, config["BACKCHANNEL_PROMPT"], config["BACKCHANNEL_PHRASES"].get("en", ()))
     backends.turn.is_complete(heard)
     if hasattr(backends.llm, "warm_up"):
         system = with_voice_style(config["DEFAULT_INSTRUCTIONS"], config["VOICE_STYLE"], "audio")
