@@ -5,7 +5,7 @@
 - LLM: the default SmolLM2-135M GGUF through transformers (fp32, de-quantized at load) against
   llama.cpp: time to the first 4 words of a reply (a new prompt, then the same prompt again for
   llama.cpp's prompt cache) and decoding speed; plus any ``--gguf`` a user brings, on llama.cpp;
-- TTS: Kokoro int8 and fp32, on 2 threads and on 1, on first phrases of 1 to 4 words and a
+- TTS: Kokoro's variants (int8, fp32, int8-gemm), on 2 threads and on 1, on first phrases of 1 to 4 words and a
   sentence: compute time and audio length; and two phrases due at once, one run after the other
   on both cores against both at once on a core each;
 - stt-multilingual (the multilingual preset, when prepared): Whisper base with the short window,
@@ -37,7 +37,7 @@ import numpy as np
 import soxr
 
 from pool.backends.base import LLMRequest
-from pool.backends.cache import default_paths
+from pool.backends.cache import TTS_VARIANT_PATHS, default_paths
 from pool.backends.llm import LlamaCppLLM, TransformersLLM
 from pool.backends.stt import WhisperSTT
 from pool.backends.tts import KokoroTTS
@@ -130,9 +130,9 @@ def llm_rows(paths, repeats, ggufs, skip_transformers):
 
 
 def tts_rows(paths, repeats):
-    """Kokoro int8 and fp32 (the same weights, pool.backends.dequantize), on 2 threads and on 1."""
+    """Kokoro's variants (the same weights, pool.backends.quantized), on 2 threads and on 1."""
     rows = []
-    for variant, key in (("int8", "tts_model"), ("fp32", "tts_model_fp32")):
+    for variant, key in TTS_VARIANT_PATHS.items():
         for threads in (DEFAULTS["THREADS"]["tts"], 1):
             tts = KokoroTTS(paths[key], paths["tts_voices"], threads)
             for text in PHRASES:

@@ -65,7 +65,8 @@ def check_settings(app_configs, **kwargs):
         problems.append(Error(f"S2S['PRESET'] must be one of {', '.join(PRESETS)}; got {user['PRESET']!r}.",
                               id="pool.E008"))
     if user.get("TTS_VARIANT", "auto") not in ("auto", *TTS_VARIANTS):
-        problems.append(Error(f"S2S['TTS_VARIANT'] must be 'auto', 'int8' or 'fp32'; got {user['TTS_VARIANT']!r}.",
+        choices = ", ".join(repr(v) for v in ("auto", *TTS_VARIANTS))
+        problems.append(Error(f"S2S['TTS_VARIANT'] must be one of {choices}; got {user['TTS_VARIANT']!r}.",
                               id="pool.E005"))
     if user.get("PEEK_WINDOW_FLOOR_S") not in (None, 0, MIN_WINDOW_SECONDS):
         problems.append(Error(f"S2S['PEEK_WINDOW_FLOOR_S'] must be None, 0 or {MIN_WINDOW_SECONDS}; got "

@@ -55,8 +55,9 @@ DEFAULTS = {
     # the session's truncation "auto": a long call keeps a bounded prompt.
     "LLM_CONTEXT_CHARS": 8000,
     "TTS_MODEL": None,  # a Kokoro .onnx file
-    # The packaged Kokoro's variant: "int8", "fp32" (the same weights, derived by prepare_models),
-    # or "auto": the one prepare_models timed faster on this CPU (int8 wins with AVX-512 VNNI).
+    # The packaged Kokoro's variant: "int8", "fp32" or "int8-gemm" (the same weights, derived by
+    # prepare_models; int8 with its convolutions as int8 matrix products), or "auto": the one
+    # prepare_models timed fastest on this CPU.
     "TTS_VARIANT": "auto",
     # The least encoder window of a peek at speech over a reply, seconds: 10 tells backchannels
     # from interruptions best; 0 (the audio + 4 s) halves a peek's cost where the CPU is too slow

@@ -16,6 +16,7 @@ from pool.backends import cache as model_cache
 from pool.backends.cache import (
     KOKORO_ONNX_SHA256,
     SMART_TURN_SHA256,
+    TTS_VARIANT_PATHS,
     cpu_signature,
     default_paths,
     peek_window_floor,
@@ -103,9 +104,9 @@ def test_runpool_refuses_a_damaged_cache_in_one_line(cache, tmp_path, damage, fi
     assert last.startswith("CommandError: ") and str(path) in last and mend in last, last
 
 
-def test_prepare_times_both_kokoro_variants_on_this_cpu_and_records_the_faster(prepared):
+def test_prepare_times_every_kokoro_variant_on_this_cpu_and_records_the_fastest(prepared):
     choice = json.loads((prepared / "manifest.json").read_text())["tts_variant"]
-    assert choice["cpu"] == cpu_signature() and set(choice["compute_s"]) == {"int8", "fp32"}
+    assert choice["cpu"] == cpu_signature() and set(choice["compute_s"]) == {"int8", "fp32", "int8-gemm"}
     assert choice["chosen"] == min(choice["compute_s"], key=choice["compute_s"].get)
     assert choice["audio_s"] > 3  # the timing phrases were spoken
     assert tts_variant(prepared) == choice  # a recorded choice is reused, not timed again
@@ -142,7 +143,7 @@ def test_a_cpu_too_slow_for_the_floor_peeks_without_it_and_the_server_loads_that
     assert load_default(get_config()).stt.peek_floor == 10
 
 
-def test_kokoro_fp32_says_what_int8_says(prepared):
+def test_every_kokoro_variant_says_what_int8_says(prepared):
     import soxr
 
     from pool.backends.stt import WhisperSTT
@@ -152,9 +153,10 @@ def test_kokoro_fp32_says_what_int8_says(prepared):
     stt = WhisperSTT(paths["stt"], threads=2)
     text = "The museum opens at nine on Tuesday morning."
     spoken = {variant: KokoroTTS(paths[key], paths["tts_voices"], threads=2).synthesize(text, "am_michael")
-              for variant, key in (("int8", "tts_model"), ("fp32", "tts_model_fp32"))}
-    assert abs(len(spoken["fp32"]) - len(spoken["int8"])) < 0.05 * len(spoken["int8"])
+              for variant, key in TTS_VARIANT_PATHS.items()}
+    assert len(spoken) == 3
     for samples in spoken.values():
+        assert abs(len(samples) - len(spoken["int8"])) < 0.05 * len(spoken["int8"])
         heard = stt.transcribe(soxr.resample(samples, 24_000, 16_000)).lower()
         assert all(word in heard for word in ("museum", "opens", "tuesday", "morning")), heard
 

@@ -156,13 +156,15 @@ def test_settings_checks_name_unknown_keys_wrong_types_and_the_old_loopback_rule
     assert "proxy.local" in next(p for p in problems if p.id == "pool.E006").msg
 
 
-@pytest.mark.parametrize("variant, refused", [("auto", False), ("fp32", False), ("int8", False), ("fp16", True)])
-def test_the_tts_variant_is_auto_int8_or_fp32(settings, variant, refused):
+@pytest.mark.parametrize("variant, refused", [("auto", False), ("fp32", False), ("int8", False), ("int8-gemm", False),
+                                              ("fp16", True)])
+def test_the_tts_variant_is_auto_or_a_prepared_variant(settings, variant, refused):
     from pool.checks import check_settings
 
     settings.S2S = {"TTS_VARIANT": variant}
     problems = check_settings(None)
-    assert [p.msg for p in problems] == (["S2S['TTS_VARIANT'] must be 'auto', 'int8' or 'fp32'; got 'fp16'."]
+    assert [p.msg for p in problems] == (["S2S['TTS_VARIANT'] must be one of 'auto', 'int8', 'fp32', 'int8-gemm'; "
+                                          "got 'fp16'."]
                                          if refused else [])
 
 

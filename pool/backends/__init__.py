@@ -100,6 +100,7 @@ def load_default(config):
     and the command that mends it."""
     from pool.backends.cache import (
         STT_NAMES,
+        TTS_VARIANT_PATHS,
         PreparationError,
         damage,
         default_paths,
@@ -143,7 +144,7 @@ def load_default(config):
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise PreparationError(f"{path} could not be loaded ({type(exc).__name__}: {first}); {mend}.") from exc
 
-    tts = load("TTS_MODEL", paths["tts_model_fp32" if variant == "fp32" else "tts_model"], lambda path: KokoroTTS(
+    tts = load("TTS_MODEL", paths[TTS_VARIANT_PATHS.get(variant, "tts_model")], lambda path: KokoroTTS(
         path, config["TTS_VOICES"] or paths["tts_voices"], threads["tts"]))
     backends = Backends(
         vad=load("VAD_MODEL", paths["vad"], lambda path: SileroVAD(path, threads["vad"])),

