@@ -130,17 +130,19 @@ def llm_rows(paths, repeats, ggufs, skip_transformers):
 
 
 def tts_rows(paths, repeats):
-    """Kokoro's variants (the same weights, pool.backends.quantized), on 2 threads and on 1."""
+    """Kokoro's variants (the same weights, pool.backends.quantized), on 2 threads and on 1. The
+    variants take turns on each phrase: this kind of machine drifts by tens of percent within
+    minutes, which timing one variant after the other would read as a difference."""
     rows = []
-    for variant, key in TTS_VARIANT_PATHS.items():
-        for threads in (DEFAULTS["THREADS"]["tts"], 1):
-            tts = KokoroTTS(paths[key], paths["tts_voices"], threads)
-            for text in PHRASES:
+    for threads in (DEFAULTS["THREADS"]["tts"], 1):
+        models = {variant: KokoroTTS(paths[key], paths["tts_voices"], threads) for variant, key in TTS_VARIANT_PATHS.items()}
+        for text in PHRASES:
+            for variant, tts in models.items():
                 seconds, audio = timed(lambda text=text, tts=tts: tts.synthesize(text, "af_heart"), repeats)
                 audio_s = len(audio) / 24_000
                 rows.append({"variant": variant, "threads": threads, "text": text, "audio_s": round(audio_s, 2),
                              "compute_s": seconds, "real_time_factor": round(seconds / audio_s, 2)})
-            del tts
+        del models
     return rows
 
 
