@@ -157,7 +157,8 @@ def load_default(config):
         denoise=load_denoiser(),
         echo=load_echo_canceller(),
     )
-    log.info("Models loaded in %.1f s", time.perf_counter() - started)
+    log.info("Models loaded in %.1f s (Kokoro: %s)", time.perf_counter() - started,
+             config["TTS_MODEL"] or f"{variant}, {'timed fastest on this CPU' if config['TTS_VARIANT'] == 'auto' else 'TTS_VARIANT'}")
     log.info("Models warmed up in %.1f s", warm_up(backends, config))
     return backends
 
