@@ -364,22 +364,27 @@ def tts_variant(cache_dir, threads=2, retime=False):
     "audio_s": seconds}``.
 
     Every variant (its file: ``default_paths[TTS_VARIANT_PATHS[variant]]``) synthesizes
-    TTS_TIMING_PHRASES once after a warm-up; the one with least compute is chosen and recorded in
-    the English manifest (``_timed_choice``; timing anew takes about 20 s).
+    TTS_TIMING_PHRASES once after a warm-up, the variants taking turns on each phrase (a virtual
+    machine's speed drifts by tens of percent within minutes, which timing one variant after the
+    other reads as a difference: BENCHMARKS.md, "Kokoro's variants on this CPU"); the one with
+    least compute is chosen and recorded in the English manifest (``_timed_choice``; timing anew
+    takes about 20 s, with every variant loaded at once: ~0.9 GB at the peak).
     """
     from pool.backends.tts import KokoroTTS
 
     def measure():
         paths = default_paths(cache_dir)
-        compute, audio = {}, 0.0
-        for variant in TTS_VARIANTS:
-            tts = KokoroTTS(paths[TTS_VARIANT_PATHS[variant]], paths["tts_voices"], threads)
+        models = {variant: KokoroTTS(paths[key], paths["tts_voices"], threads) for variant, key in TTS_VARIANT_PATHS.items()}
+        for tts in models.values():
             tts.synthesize("Hello.", "af_heart")
-            started, audio = time.perf_counter(), 0.0
-            for phrase in TTS_TIMING_PHRASES:
-                audio += len(tts.synthesize(phrase, "af_heart")) / 24_000
-            compute[variant] = round(time.perf_counter() - started, 3)
-            del tts
+        compute, audio = dict.fromkeys(models, 0.0), 0.0
+        for phrase in TTS_TIMING_PHRASES:
+            for variant, tts in models.items():
+                started = time.perf_counter()
+                spoken = tts.synthesize(phrase, "af_heart")
+                compute[variant] += time.perf_counter() - started
+            audio += len(spoken) / 24_000
+        compute = {variant: round(seconds, 3) for variant, seconds in compute.items()}
         chosen = min(compute, key=compute.get)
         log.info("Kokoro on this CPU: %s", ", ".join(f"{v} {s:.2f} s" for v, s in compute.items()) +
                  f" for {audio:.1f} s of speech; using {chosen}")
