@@ -41,9 +41,9 @@ class UnknownPatternError(ValueError):
 @dataclass
 class _Conv:
     """A quantized convolution found in the graph: its float weight ``[Co, Ci, *kernel]`` and
-    bias ``[Co]`` (or None), the nodes it spans, and the name of its float result."""
+    bias ``[Co]`` (or None), the nodes it spans (the ``ConvInteger`` first), and the name of its
+    float result."""
 
-    node: object
     weight: np.ndarray
     bias: np.ndarray | None
     spanned: list
@@ -125,7 +125,7 @@ class _Graph:
         wq, w_zp = self.constant(node.input[1]).astype(np.float32), self.constant(node.input[3]).astype(np.float32)
         channel = (-1,) + (1,) * (wq.ndim - 1)  # per output channel, when not per tensor
         weight = (wq - w_zp.reshape(channel if w_zp.ndim else ())) * w_scale.reshape(channel if w_scale.ndim else ())
-        return _Conv(node, weight, bias, spanned + [cast, scale_mul], scale_mul.output[0])
+        return _Conv(weight, bias, spanned + [cast, scale_mul], scale_mul.output[0])
 
     def _float_bias(self, int_bias_name):
         """The float bias the quantizer turned into ``int_bias_name``:
