@@ -9,11 +9,13 @@ from pool.history.recorder import NoRecords, Records
 from pool.pipeline.registry import PoolRegistry
 
 
-def build_registry(config, size=None, record=True):
+def build_registry(config, size=None, record=True, register=True):
     """Load the backends and build a pool of ``size`` units (default ``POOL_SIZE``).
 
-    With ``record``, the process and its units are registered in the database and every session
-    is recorded (``pool.history.recorder``); this touches the database synchronously, once.
+    With ``record``, every session is recorded (``pool.history.recorder``) and, with
+    ``register``, the process and its units are registered in the database at once (a
+    synchronous touch, once). A caller that listens only later (``runpool``) passes
+    ``register=False`` and calls ``register_process`` once it listens.
     """
     from pool.backends import load_backends  # the model runtimes: only when a pool is built
 
@@ -23,8 +25,17 @@ def build_registry(config, size=None, record=True):
     registry = PoolRegistry(load_backends(config), size, config["RELEASE_AFTER_SECONDS"], records or NoRecords())
     if record:
         records.on_draining = registry.start_draining
-        records.start(registry.units, config["PUBLIC_URL"] or "")
+        if register:
+            register_process(registry, config)
     return registry
+
+
+def register_process(registry, config):
+    """Register this process and ``registry``'s units in the database (sync, once), reached by
+    clients at ``PUBLIC_URL``. From that moment other processes hand out its units (client
+    secrets, ``pool.access.admission.issue``): call it once the process answers, or a client
+    goes to a port nobody listens on and its unused secret holds the unit until it expires."""
+    registry.records.start(registry.units, config["PUBLIC_URL"] or "")
 
 
 _registry = None

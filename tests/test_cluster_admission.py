@@ -4,6 +4,9 @@ Secrets are issued through A's HTTP endpoint and used at the process that holds 
 
 import asyncio
 import json
+import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -170,6 +173,28 @@ async def test_the_openai_sdk_creates_a_secret_and_connects_with_it(cluster):
         await backend.realtime.client_secrets.create()
     with pytest.raises(RateLimitError):
         await backend.realtime.client_secrets.create()
+
+
+def test_a_process_joins_the_cluster_only_once_it_listens(cluster):
+    """Other processes hand out a process's units (client secrets) from the moment its row is
+    live. A row written while the process still loaded sent clients to a port nobody answered,
+    and each unused secret then held the unit until it expired (test_proxy's rolling restart
+    failed so once in CI). A process that cannot listen at all (its port is taken) never joins,
+    and exits non-zero, saying why: a supervisor restarts a failure, not a clean stop."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = subprocess.Popen(
+            [sys.executable, "manage.py", "runpool", "--port", str(port), "--pool-size", "1",
+             "--public-url", f"ws://127.0.0.1:{port}"], env=cluster["a"].env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        output, _ = server.communicate(timeout=300)
+    assert server.returncode == 1, output
+    assert "Address already in use" in output and f"could not listen on 127.0.0.1:{port}" in output
+    assert query(cluster, "SELECT count(*) FROM pool_serverprocess WHERE pid = %s", server.pid) == [(0,)]
+    status, body, _ = issue(cluster)  # and the cluster goes on as before
+    assert status == 200 and process_of(cluster, body["connect_url"]) in ("a", "b")
 
 
 async def test_a_drained_process_gets_no_reservations_and_stops_when_its_session_ends(cluster):

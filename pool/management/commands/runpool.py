@@ -19,7 +19,7 @@ from django.db.migrations.executor import MigrationExecutor
 
 from pool.backends.cache import PreparationError
 from pool.conf import get_config, set_for_process
-from pool.process import build_registry, set_registry
+from pool.process import build_registry, register_process, set_registry
 
 log = logging.getLogger("pool")
 
@@ -58,9 +58,9 @@ def _http_limits():
     HTTPChannel.lineLengthExceeded = lambda channel, line: channel._respondToBadRequestAndDisconnect()
 
 
-def _exit_after_clean_stop():
-    """End the process once the pool has stopped and drained: exit handlers and logging first,
-    then ``os._exit(0)`` without the interpreter's finalization. In that finalization a native
+def _exit_after_stop(code):
+    """End the process with exit status ``code`` once the pool has stopped: exit handlers and
+    logging first, then ``os._exit(code)`` without the interpreter's finalization. In that finalization a native
     library's thread (suspected: livekit's libwebrtc, loaded for the echo canceller) was
     destroyed unjoined, and the process ended by SIGABRT ("terminate called without an active
     exception") after a clean stop, in about 1 of 4 test servers on a Zen 3 and 9 of 25
@@ -70,7 +70,7 @@ def _exit_after_clean_stop():
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 class Command(BaseCommand):
@@ -102,7 +102,9 @@ class Command(BaseCommand):
             raise CommandError("--pool-size must be at least 1")
         self._migrate(options["migrate"])
         try:
-            registry = build_registry(config, size)  # prepares the model cache first when needed
+            # Registered in the cluster only once it listens (_ready): other processes hand
+            # out its units from then on.
+            registry = build_registry(config, size, register=False)  # prepares the model cache first when needed
         except PreparationError as exc:
             raise CommandError(str(exc)) from exc
         set_registry(registry)
@@ -128,7 +130,10 @@ class Command(BaseCommand):
         finally:
             registry.shutdown()
             log.info("pool stopped")
-        _exit_after_clean_stop()
+        if server.abort_start:  # Daphne could not listen (it said why): a failure to a supervisor
+            log.error("runpool could not listen on %s:%d; stopped", options["host"], options["port"])
+            _exit_after_stop(1)
+        _exit_after_stop(0)
 
     @staticmethod
     def _migrate(migrate):
@@ -147,6 +152,8 @@ class Command(BaseCommand):
 
     def _ready(self, registry, config, options, size):
         from twisted.internet import reactor
+
+        register_process(registry, config)  # Daphne listens now: clients may be sent here
 
         signalled = []
 
