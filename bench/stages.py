@@ -7,7 +7,7 @@
   llama.cpp's prompt cache) and decoding speed; plus any ``--gguf`` a user brings, on llama.cpp;
 - TTS: Kokoro's variants (int8, fp32, int8-gemm), on 2 threads and on 1, on first phrases of 1 to 4 words and a
   sentence: compute time and audio length; and two phrases due at once, one run after the other
-  on both cores against both at once on a core each;
+  on both cores against both at once on a core each (with the variant the server loads here);
 - stt-multilingual (the multilingual preset, when prepared): Whisper base with the short window,
   the language given against detected, on jfk.flac and on Kokoro's speech in each preset language;
 - stt-tail: what a speculation hears. The STT transcribes a turn at the first pause of its
@@ -37,7 +37,7 @@ import numpy as np
 import soxr
 
 from pool.backends.base import LLMRequest
-from pool.backends.cache import TTS_VARIANT_PATHS, default_paths
+from pool.backends.cache import TTS_VARIANT_PATHS, default_paths, tts_variant
 from pool.backends.llm import LlamaCppLLM, TransformersLLM
 from pool.backends.stt import WhisperSTT
 from pool.backends.tts import KokoroTTS
@@ -55,6 +55,14 @@ SPOKEN = {"es": ("ef_dora", "Buenos días, quiero reservar una mesa para esta no
           "pt": ("pf_dora", "Bom dia, eu gostaria de reservar uma mesa para esta noite."),
           "hi": ("hf_alpha", "नमस्ते, मैं आज रात के लिए एक मेज़ बुक करना चाहता हूँ।")}
 PHRASES = ["Sure.", "Sure, I", "Sure, I can", "Sure, I can help", "Sure, I can help with that. What would you like?"]
+
+
+def served_tts_path(paths):
+    """``(path, variant)``: the Kokoro file the server loads here by default (``TTS_VARIANT``
+    "auto": the variant prepare_models timed fastest on this CPU). Rendering a corpus keeps the
+    int8 file (the same input on every CPU); timing what users get takes this one."""
+    variant = tts_variant(DEFAULTS["MODEL_CACHE_DIR"], DEFAULTS["THREADS"]["tts"])["chosen"]
+    return paths[TTS_VARIANT_PATHS[variant]], variant
 
 
 def timed(function, repeats):
@@ -153,8 +161,9 @@ def tts_at_once_rows(paths, repeats, text=PHRASES[-1]):
     from concurrent.futures import ThreadPoolExecutor
 
     rows = []
+    path, variant = served_tts_path(paths)
     for runs_at_once, threads in ((1, DEFAULTS["THREADS"]["tts"]), (2, 1)):
-        tts = KokoroTTS(paths["tts_model"], paths["tts_voices"], threads)
+        tts = KokoroTTS(path, paths["tts_voices"], threads)
         tts.synthesize(text, "af_heart")
         firsts, boths = [], []
         with ThreadPoolExecutor(runs_at_once) as pool:
@@ -167,7 +176,7 @@ def tts_at_once_rows(paths, repeats, text=PHRASES[-1]):
                     done.append(time.perf_counter() - started)
                 firsts.append(min(done))
                 boths.append(max(done))
-        rows.append({"runs_at_once": runs_at_once, "threads_each": threads, "text": text,
+        rows.append({"variant": variant, "runs_at_once": runs_at_once, "threads_each": threads, "text": text,
                      "first_done_s": round(statistics.median(firsts), 3),
                      "both_done_s": round(statistics.median(boths), 3)})
         del tts
@@ -256,7 +265,8 @@ def priority_rows(paths, repeats, text=PHRASES[-1]):
 
     from pool.backends.base import LOWEST_PRIORITY_NICE, lower_thread_priority, set_threads_priority
 
-    low = KokoroTTS(paths["tts_model"], paths["tts_voices"], DEFAULTS["THREADS"]["tts"]).at_lowest_priority()
+    path, variant = served_tts_path(paths)
+    low = KokoroTTS(path, paths["tts_voices"], DEFAULTS["THREADS"]["tts"]).at_lowest_priority()
     rows = []
     for duty in (0, 25, 50):
         stop = multiprocessing.Event()
@@ -284,7 +294,7 @@ def priority_rows(paths, repeats, text=PHRASES[-1]):
         stop.set()
         for process in load:
             process.join()
-        rows += [{"load_per_core_percent": duty, "priority": priority,
+        rows += [{"variant": variant, "load_per_core_percent": duty, "priority": priority,
                   "compute_s": round(statistics.median(runs), 3) if runs else None}
                  for priority, runs in seconds.items()]
     return rows
