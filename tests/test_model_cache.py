@@ -22,6 +22,7 @@ from pool.backends.cache import (
     peek_window_floor,
     prepare,
     sha256_file,
+    tts_speed,
     tts_variant,
 )
 from pool.backends.stt import MIN_WINDOW_SECONDS
@@ -110,6 +111,15 @@ def test_prepare_times_every_kokoro_variant_on_this_cpu_and_records_the_fastest(
     assert choice["chosen"] == min(choice["compute_s"], key=choice["compute_s"].get)
     assert choice["audio_s"] > 3  # the timing phrases were spoken
     assert tts_variant(prepared) == choice  # a recorded choice is reused, not timed again
+
+
+def test_the_speed_of_each_variant_is_read_from_its_timing_on_this_cpu_only(prepared, monkeypatch):
+    choice = tts_variant(prepared)
+    for variant, compute in choice["compute_s"].items():
+        assert tts_speed(prepared, variant) == pytest.approx(choice["audio_s"] / compute)
+    assert tts_speed(prepared, "int8") > 1  # Kokoro keeps ahead of one listener on any CPU CI runs on
+    monkeypatch.setattr(model_cache, "cpu_signature", lambda: "Another CPU avx2")
+    assert tts_speed(prepared, choice["chosen"]) is None  # timed on another CPU: unknown here
 
 
 def test_a_cache_moved_to_another_cpu_is_timed_again_there(cache, monkeypatch):

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 import weakref
+from dataclasses import replace
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -20,8 +21,9 @@ from django.utils import timezone
 from pool.access import database
 from pool.backends.scripted import SCRIPT
 from pool.conf import DEFAULTS, get_config
-from pool.history.recorder import Records
+from pool.history.recorder import NoRecords, Records
 from pool.models import ServerProcess, Session, Unit
+from pool.pipeline.registry import PoolRegistry
 from pool.process import build_registry
 from pool.states import EndReason, ProcessState, SessionState, UnitState
 from pool.testing import wait_until
@@ -459,3 +461,20 @@ async def test_health_check_is_answered_without_django(scripted_pool):
     reply = await HttpCommunicator(application, "GET", "/healthz").get_response()
     assert reply["status"] == 200
     assert json.loads(reply["body"]) == {"status": "ok", "pool_size": 2, "idle": 2}
+
+
+@pytest.mark.parametrize(("tts_speed", "size", "warned"), [(2.4, 4, True), (2.4, 2, False), (0.8, 1, True),
+                                                          (None, 64, False)])
+def test_a_pool_larger_than_the_replies_its_cpu_speaks_at_once_is_named_at_start(settings, caplog, tts_speed,
+                                                                                   size, warned):
+    """An operator who sets POOL_SIZE 4 on a CPU whose TTS speaks 2.4 s of audio a second hears,
+    at start, that a third reply at the same moment waits; a TTS that was not timed says nothing."""
+    settings.S2S = {"BACKEND": "scripted", "POOL_SIZE": 1}
+    scripted = build_registry(get_config(), record=False)
+    scripted.shutdown()
+    registry = PoolRegistry(replace(scripted.backends, tts_speed=tts_speed), size, 1.0, NoRecords())
+    registry.shutdown()
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "replies at the same moment" in r.getMessage()]
+    assert bool(said) == warned, said
+    if warned:
+        assert f"A pool of {size} units" in said[0] and f"more than {int(tts_speed)} replies" in said[0]

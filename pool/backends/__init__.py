@@ -107,6 +107,7 @@ def load_default(config):
         is_prepared,
         peek_window_floor,
         prepare,
+        tts_speed,
         tts_variant,
     )
     from pool.backends.fetch import chosen_llm
@@ -156,9 +157,12 @@ def load_default(config):
         turn=load("TURN_MODEL", paths["turn"], SmartTurn),
         denoise=load_denoiser(),
         echo=load_echo_canceller(),
+        tts_speed=None if config["TTS_MODEL"] else tts_speed(cache, variant),
     )
-    log.info("Models loaded in %.1f s (Kokoro: %s)", time.perf_counter() - started,
-             config["TTS_MODEL"] or f"{variant}, {'timed fastest on this CPU' if config['TTS_VARIANT'] == 'auto' else 'TTS_VARIANT'}")
+    kokoro = config["TTS_MODEL"] or f"{variant}, {'timed fastest on this CPU' if config['TTS_VARIANT'] == 'auto' else 'TTS_VARIANT'}"
+    if backends.tts_speed:
+        kokoro += f"; {backends.tts_speed:.1f} s of speech per second of compute"
+    log.info("Models loaded in %.1f s (Kokoro: %s)", time.perf_counter() - started, kokoro)
     log.info("Models warmed up in %.1f s", warm_up(backends, config))
     return backends
 

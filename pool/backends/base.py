@@ -212,6 +212,9 @@ class Backends:
     # replies' phrases with it, and the kernel preempts it for real work (pool.pipeline.compute).
     # Its ``runtime_threads``: the native ids of those threads. None: no background lane.
     tts_background: TTS | None = None
+    # Seconds of speech the TTS synthesized per second of compute, one stream alone, as
+    # prepare_models timed it on this CPU (``cache.tts_speed``); None: not timed (a TTS of one's own).
+    tts_speed: float | None = None
 
 
 def with_voice_style(instructions, style, modality):

@@ -393,6 +393,18 @@ def tts_variant(cache_dir, threads=2, retime=False):
     return _timed_choice(cache_dir, "english", "tts_variant", threads, retime, measure)
 
 
+def tts_speed(cache_dir, variant):
+    """Seconds of speech Kokoro ``variant`` synthesized per second of compute when
+    ``tts_variant`` timed it on this CPU (one stream, on its thread count); None when it was not
+    timed here. Above 1 it keeps ahead of one listener; replies that play at the same moment
+    share it (``pool.pipeline.registry.realtime_replies``)."""
+    known = json.loads(_manifest(cache_dir, "english").read_text()).get("tts_variant") or {}
+    compute = (known.get("compute_s") or {}).get(variant)
+    if known.get("cpu") != cpu_signature() or not compute:
+        return None
+    return known["audio_s"] / compute
+
+
 # A peek is due within the decision budget of speech over the reply: the first comes at 320 ms of
 # voiced speech, and an interruption should stop the reply 0.7 s after it starts (p50), so a peek
 # has about 0.25 s, less under the load of a reply being written. Encoding the 10 s floor's window

@@ -17,6 +17,14 @@ from pool.states import UnitState
 log = logging.getLogger(__name__)
 
 
+def realtime_replies(tts_speed):
+    """At most how many replies playing at the same moment the TTS keeps ahead of their
+    listeners: ``tts_speed`` (seconds of speech per second of compute, one stream alone,
+    ``Backends.tts_speed``) shared evenly. Their LLM and STT take from the same cores, so fewer
+    may in practice (BENCHMARKS.md, 5). None when the speed is unknown."""
+    return None if tts_speed is None else int(tts_speed)
+
+
 class PoolRegistry:
     """``backends``: the shared models; ``size``: number of units; ``release_after``: seconds a
     released unit may take to drain before it is quarantined.
@@ -41,6 +49,12 @@ class PoolRegistry:
         metrics.unit_changed(self, None, UnitState.IDLE)
         self._drains = {}  # unit index -> (ctx of the draining session, deadline timer)
         self._changed = threading.Condition(self._lock)
+        replies = realtime_replies(getattr(backends, "tts_speed", None))
+        if replies is not None and size > replies:
+            log.warning("A pool of %d units on this CPU: more than %d replies at the same moment make their "
+                        "listeners wait mid-reply (the TTS speaks %.1f s of audio per second of compute). "
+                        "Fewer units per process, more processes or more cores (README, Several processes).",
+                        size, replies, backends.tts_speed)
 
     @functools.cached_property
     def speaks(self):
