@@ -151,10 +151,11 @@ DEFAULTS = {
     # however they are spelled (m, h, n and u only: "mm-hmm", "uh-huh"), is not an interruption.
     # "im": Whisper writes the start of a hum as "I'm"; a user who goes on ("I'm sorry, what?")
     # is heard by the next peek, or by the transcript of the whole utterance. "all": "all
-    # right", as Whisper also spells "alright".
+    # right", as Whisper also spells "alright". "well": Whisper's "Wow" at 320 ms voiced (a false
+    # of the tune part, 14l); a user who goes on ("Well, I meant...") is heard by the next peek.
     "BACKCHANNEL_WORDS": [
         "ah", "oh", "aha", "yeah", "yep", "yup", "yes", "ok", "okay", "right", "sure", "alright", "all", "and",
-        "i", "im", "see", "got", "it", "cool", "nice", "wow", "really", "true", "exactly",
+        "i", "im", "see", "got", "it", "cool", "nice", "wow", "well", "really", "true", "exactly",
     ],
     # The STT's prompt for peeks: Whisper writes a listener's "mm-hmm" as words it has been told
     # to expect, not as look-alike words ("And Memhome.").

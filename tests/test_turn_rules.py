@@ -35,6 +35,8 @@ CUES = frozenset(DEFAULTS["INTERRUPTION_WORDS"])
     ("Wait", -0.7, True), ("Sorry", 0.0, True),  # a cue interrupts, however it sounds
     ("Sh", -5.0, False), ("D", -5.0, False), ("D. Dye her.", -5.0, True),  # fragments are not words
     ("Mm-hmm.", -9.0, False),  # backchannel words are never an interruption
+    ("Well... Well", -5.3, False),  # Whisper's "Wow" at 320 ms voiced (kokoro bf_emma, the tune part)
+    ("Well, I meant Tuesday.", -4.0, True),  # a user who goes on
     ("Tell me more", None, True),  # not scored: the words decide
 ])
 def test_a_peek_interrupts_on_a_cue_or_on_words_that_sound_like_no_backchannel(heard, likeness, expected):
@@ -156,6 +158,22 @@ def test_one_word_at_the_first_peek_waits_for_the_next_peek_unless_it_is_a_cue()
         turns, _reply = _turns_over_a_speaking_reply()
         turns.speech_started(m.SpeechStarted("item_1", 1200))
         assert t.Cancel("turn_detected") in turns.intercept(m.SpeechPeeked("item_1", heard, 500, likeness=-3.0))
+
+
+def test_one_word_clearly_unlike_every_backchannel_interrupts_at_the_first_peek():
+    """ "Tell" (of "Tell me about the moon instead.") at the first peek, at a likeness of -7.5,
+    is the start of a request: it interrupts at once instead of a peek later, when a real
+    interruption had passed 1.0 s (#27's held-out corpus). At -2.0 ("Ice") it still waits."""
+    from pool.pipeline import messages as m
+    from realtime.session import turns as t
+
+    unlike = DEFAULTS["INTERRUPTION_LIKENESS"]
+    for likeness, cancels in ((unlike - 4.0, True), (unlike - 0.1, True), (unlike, False), (-2.0, False)):
+        turns, _reply = _turns_over_a_speaking_reply(likeness=DEFAULTS["BACKCHANNEL_LIKENESS"], unlike=unlike)
+        turns.speech_started(m.SpeechStarted("item_1", 1200))
+        decided = turns.intercept(m.SpeechPeeked("item_1", "Tell", 500, likeness=likeness))
+        assert (t.Cancel("turn_detected") in decided) == cancels, (likeness, decided)
+        assert (decided == [t.Peek("item_1", 500 + t.PEEK_STEP_MS, None)]) == (not cancels)
 
 
 def _turns_judging_short_speech(max_ms=750, unlike=-3.5):

@@ -367,7 +367,8 @@ class TurnTaking:
                           whole=event.final):
                 unsure = self._unsure(event)
                 if (not event.final and event.voiced_ms < PEEK_LIMIT_MS
-                        and (unsure or undecided.peeks == 1 and lone_word(event.transcript, self._cues))):
+                        and (unsure or undecided.peeks == 1 and lone_word(event.transcript, self._cues)
+                             and not self._clearly_unlike(event))):
                     return [self._ask_peek(undecided)]  # no verdict yet: the next peek decides
                 if not (event.final and unsure):
                     return self._confirm(undecided)
@@ -389,6 +390,13 @@ class TurnTaking:
             if not undecided.peek_pending:
                 return self._drop(undecided)
         return []
+
+    def _clearly_unlike(self, peeked):
+        """True when a peek sounds less like every backchannel phrase than INTERRUPTION_LIKENESS:
+        its one word ("Tell" at -7.5, "Can" at -4.5) is the start of a request, not a listener's
+        "I see" heard as "Ice", and need not wait for the next peek."""
+        unlike = self._rule.unlike
+        return peeked.likeness is not None and unlike is not None and peeked.likeness < unlike
 
     def _unsure(self, peeked):
         """True when a peek (a SpeechPeeked) that would interrupt is no verdict: under
