@@ -395,8 +395,13 @@ class TurnTaking:
         """True when a peek sounds less like every backchannel phrase than INTERRUPTION_LIKENESS:
         its one word ("Tell" at -7.5, "Can" at -4.5) is the start of a request, not a listener's
         "I see" heard as "Ice", and need not wait for the next peek."""
-        unlike = self._rule.unlike
-        return peeked.likeness is not None and unlike is not None and peeked.likeness < unlike
+        return self._likeness_judged(peeked) and peeked.likeness < self._rule.unlike
+
+    def _likeness_judged(self, peeked):
+        """True when the peek was scored against the backchannel phrases and the session has a
+        threshold to compare it with (an STT without ``hear``, or INTERRUPTION_LIKENESS None,
+        leaves only the words to judge by)."""
+        return peeked.likeness is not None and self._rule.unlike is not None
 
     def _unsure(self, peeked):
         """True when a peek (a SpeechPeeked) that would interrupt is no verdict: under
@@ -405,9 +410,8 @@ class TurnTaking:
         never heard ("Dye her" -2.5, "I'm high." -2.1, "So it's my" -3.5), which end within about
         0.75 s; a real request sounds less like any backchannel (-3.6 to -8.8 at 480 ms voiced in
         the interruption corpus's tune part) or goes on."""
-        rule = self._rule
-        return (peeked.voiced_ms < (rule.max_ms or 0) and peeked.likeness is not None and rule.unlike is not None
-                and peeked.likeness >= rule.unlike and not heard_cue(peeked.transcript, self._cues, peeked.final))
+        return (peeked.voiced_ms < (self._rule.max_ms or 0) and self._likeness_judged(peeked)
+                and not self._clearly_unlike(peeked) and not heard_cue(peeked.transcript, self._cues, peeked.final))
 
     def _confirm(self, undecided, verdict="interruption"):
         """A real turn: it interrupts as any speech does, then its events go out as they
