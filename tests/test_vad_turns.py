@@ -160,6 +160,7 @@ def test_a_peek_transcribes_the_speech_in_progress_once_it_is_long_enough(backen
     peeks = [w for w in work if isinstance(w, m.Peek)]
     assert len(peeks) == 1 and peeks[0].item_id == events[0].item_id
     assert 500 <= len(peeks[0].audio) / 16 < 1500  # ms of 16 kHz audio: the speech so far
+    assert peeks[0].input_lag_ms >= 0  # how far the VAD was behind the audio when it asked
     assert isinstance(work[-1], m.Transcribe)  # the turns are still committed as usual
     # Every request is answered: one for an unknown item hears nothing at once.
     assert [(e.item_id, e.transcript) for e in events if isinstance(e, m.SpeechPeeked)] == [("item_gone", "")]
@@ -277,7 +278,11 @@ def test_a_speculation_waiting_in_the_compute_queue_holds_up_no_peek_and_no_comm
     inbox.put(m.Speculate("item_1", audio[:4000], "en"))
     inbox.put(m.Peek("item_1", audio[:4800], "en", None, 300))
     assert wait_for(lambda: events, timeout=2.0)
-    assert events == [m.SpeechPeeked("item_1", "peeked 4800 samples", 300, None, False)]
+    (peeked,) = events
+    assert (peeked.item_id, peeked.transcript, peeked.voiced_ms, peeked.likeness, peeked.final) == (
+        "item_1", "peeked 4800 samples", 300, None, False)
+    lag, waited, heard = peeked.timing  # where the peek's time went, for the log
+    assert lag is None and waited >= 0 and heard >= 0  # made here, not by a VAD
     stale = stage._speculation.future
     inbox.put(m.Transcribe("item_1", audio, "en", speculated_samples=None))  # speech went on
     assert wait_for(lambda: stale.cancelled() and stage._queue.pending() == 1)  # the commit's alone waits

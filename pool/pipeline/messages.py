@@ -266,6 +266,8 @@ class Peek(StageWork):
     voiced_ms: int
     phrases: tuple = ()
     final: bool = False
+    input_lag_ms: int | None = None  # how far the VAD was behind the client's audio when it asked
+    asked_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -396,6 +398,8 @@ class SpeechPeeked(UnitEvent):
     voiced_ms: int  # voiced speech in the audio transcribed
     likeness: float | None = None
     final: bool = False
+    # (VAD behind the client's audio, the peek's wait for the STT, the STT's compute), ms, or None
+    timing: tuple | None = None
 
 
 @dataclass

@@ -184,6 +184,15 @@ def lone_word(peeked, cues=frozenset()):
     return len(said) == 1 and said[0] not in cues
 
 
+def _peek_timing(timing):
+    """The log's account of where a peek's time went (``SpeechPeeked.timing``), or ""."""
+    if timing is None:
+        return ""
+    lag, wait, compute = timing
+    behind = "" if lag is None else f"the VAD {lag} ms behind the audio, "
+    return f"; {behind}waited {wait} ms for the STT, heard in {compute} ms"
+
+
 def _peeked_words(peeked, whole=False):
     """``words(peeked)`` without its last word when the peek cut it off ("Yeah, f-"); a peek of
     the ``whole`` utterance cut nothing off. An ellipsis is speech trailing off, after a whole
@@ -361,8 +370,8 @@ class TurnTaking:
         if isinstance(event, m.SpeechPeeked):
             undecided.peek_pending = False
             undecided.heard.append((event.voiced_ms, event.transcript, event.likeness))
-            log.info("session %s: speech over the assistant, %d ms voiced, heard %r (likeness %s)", self._session_id,
-                     event.voiced_ms, event.transcript, event.likeness)
+            log.info("session %s: speech over the assistant, %d ms voiced, heard %r (likeness %s)%s", self._session_id,
+                     event.voiced_ms, event.transcript, event.likeness, _peek_timing(event.timing))
             if interrupts(event.transcript, self._backchannels, event.likeness, self._rule.likeness, self._cues,
                           whole=event.final):
                 unsure = self._unsure(event)

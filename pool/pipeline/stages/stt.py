@@ -108,6 +108,7 @@ class STTStage(Stage):
     def handle(self, ctx, msg):
         if isinstance(msg, m.Peek):
             hear = getattr(self._stt, "hear", None)  # an STT written before it: words only
+            started = time.monotonic()
             try:
                 # Not queued: a peek decides whether a playing reply stops, and would wait behind
                 # the synthesis running (up to ~1.5 s; the queue does not preempt).
@@ -117,7 +118,8 @@ class STTStage(Stage):
                     transcript, likeness = hear(msg.audio, msg.language, prompt=msg.prompt, phrases=msg.phrases)
             except Exception:  # noqa: BLE001 - a failed peek hears no words; the item goes on
                 transcript, likeness = "", None
-            ctx.emit(m.SpeechPeeked(msg.item_id, transcript, msg.voiced_ms, likeness, msg.final))
+            timing = (msg.input_lag_ms, round((started - msg.asked_at) * 1000), round((time.monotonic() - started) * 1000))
+            ctx.emit(m.SpeechPeeked(msg.item_id, transcript, msg.voiced_ms, likeness, msg.final, timing))
             return
         speculation = self._take(msg if isinstance(msg, m.Transcribe) else None)
         if speculation and speculation.used:

@@ -103,6 +103,7 @@ class _Input:
     speech: _Speech | None = None
     last: tuple | None = None  # (item id, audio, voiced samples) of the last speech committed
     lag_max: float = 0.0  # seconds from an append's arrival to its VAD, this session
+    received_at: float | None = None  # time.monotonic() at which the append being heard arrived
     clock: float | None = None  # time.monotonic() at which the input so far was captured (about)
     raw: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))  # the last ECHO_CONFIRM_MS as captured
     echo_found: bool = False  # the microphone hears the client's playback: cancel it
@@ -190,6 +191,7 @@ class VADStage(Stage):
         if state.noise_reduction and self._denoise is not None:
             samples, heard = self._denoise.process(samples), None
         audio = np.concatenate([state.vad_pending, samples]) if len(state.vad_pending) else samples
+        state.received_at = msg.received_at
         kept = audio if heard is None else np.concatenate([state.pending, heard])
         whole = len(audio) - len(audio) % VAD_WINDOW_SAMPLES
         for start in range(0, whole, VAD_WINDOW_SAMPLES):
@@ -432,8 +434,10 @@ class VADStage(Stage):
         pause = not speech.pause_peeked and speech.silence * 1000 >= PEEK_PAUSE_MS * SPEECH_RATE
         if voiced >= speech.peek[0] or pause:
             _after, prompt, phrases = speech.peek
+            received_at = self._in.received_at
+            lag_ms = None if received_at is None else round((time.monotonic() - received_at) * 1000)
             self._stt_inbox.put((ctx, m.Peek(speech.item_id, self._in.audio(), self._in.language, prompt, _ms(voiced),
-                                             phrases)))
+                                             phrases, input_lag_ms=lag_ms)))
             speech.peek, speech.pause_peeked = None, speech.pause_peeked or pause
 
     def _timeout(self, ctx, idle_ms):
