@@ -15,6 +15,9 @@
   word error rate of Whisper tiny.en on the interruption corpus's synthetic requests
   (``bench.interruption_corpus``, every voice, with their noise) cut 100, 200 and 500 ms after
   the speech ends;
+- stt-batch: four turns' transcriptions (Whisper tiny.en, short window) one after the other
+  against as one batch (one encode of four windows, one greedy decode of four): what item 2 of
+  #26 calls batching where the backend batches, for turns that end at the same moment;
 - tts-priority: an adopted speculative reply's first phrase in the compute queue's background
   lane, on Kokoro's low-priority copy: its compute time at the lowest priority (nice 19) and
   raised to normal, alone and beside light work at normal priority on both cores (a process
@@ -22,7 +25,7 @@
   sessions). Raising needs CAP_SYS_NICE.
 
     python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers]
-                           [--stages stt,llm,tts,stt-multilingual,stt-tail,tts-priority]
+                           [--stages stt,llm,tts,stt-multilingual,stt-tail,stt-batch,tts-priority]
 
 Medians of ``--repeats`` runs after one warm-up. Nothing else runs: these are the models' own
 costs on this machine, to set beside the server's (bench.turn_latency).
@@ -33,13 +36,15 @@ import re
 import statistics
 import time
 
+import ctranslate2
 import numpy as np
 import soxr
+from faster_whisper.transcribe import get_suppressed_tokens
 
 from pool.backends.base import LLMRequest
 from pool.backends.cache import TTS_VARIANT_PATHS, default_paths, tts_variant
 from pool.backends.llm import LlamaCppLLM, TransformersLLM
-from pool.backends.stt import WhisperSTT
+from pool.backends.stt import MIN_TOKENS, TOKENS_PER_SECOND, WhisperSTT, encoder_frames
 from pool.backends.tts import KokoroTTS
 from pool.conf import DEFAULTS
 from realtime.client import load_audio
@@ -118,6 +123,34 @@ def llm_row(name, llm, repeats, cached):
         rates.append(rate)
     return {"model": name, "prompt": "cached" if cached else "new", "first_4_words_s": round(statistics.median(firsts), 3),
             "tokens_per_s": round(statistics.median(rates), 1), "reply": reply}
+
+
+def stt_batch_rows(paths, repeats):
+    """Four transcriptions one after the other against one batch of four (the longest's window,
+    the others zero-padded to it; ``pool.backends.stt``'s decoding settings): medians, seconds,
+    and whether the batch wrote the same transcripts."""
+    stt = WhisperSTT(paths["stt"], DEFAULTS["THREADS"]["stt"])
+    clips = [soxr.resample(load_audio(path), 24_000, 16_000).astype(np.float32) for path in RECORDINGS.values()]
+    clips = [clips[1], clips[2], clips[0][:4 * 16_000], clips[0][4 * 16_000:8 * 16_000]]  # 4-5 s turns
+    tokenizer = stt._tokenizer("en")
+
+    def batch():
+        seconds = max(len(clip) for clip in clips) / 16_000
+        frames = encoder_frames(seconds)
+        features = [stt.model.feature_extractor(clip)[:, :frames] for clip in clips]
+        features = np.stack([np.pad(f, ((0, 0), (0, frames - f.shape[1]))) for f in features])
+        encoded = stt.model.model.encode(ctranslate2.StorageView.from_array(features))
+        results = stt.model.model.generate(
+            encoded, [stt._prompt(tokenizer, None)] * len(clips), beam_size=1,
+            max_length=int(MIN_TOKENS + TOKENS_PER_SECOND * seconds), suppress_blank=True,
+            suppress_tokens=get_suppressed_tokens(tokenizer, [-1]))
+        return [tokenizer.decode(r.sequences_ids[0]).strip() for r in results]
+
+    one_by_one, texts = timed(lambda: [stt._transcribe_short(clip, "en", None)[0] for clip in clips], repeats)
+    batched, batch_texts = timed(batch, repeats)
+    return {"turns": len(clips), "seconds_each": [round(len(c) / 16_000, 1) for c in clips],
+            "one_after_the_other_s": one_by_one, "one_batch_s": batched, "ratio": round(batched / one_by_one, 2),
+            "same_transcripts": texts == batch_texts}
 
 
 def llm_rows(paths, repeats, ggufs, skip_transformers):
@@ -321,6 +354,8 @@ def main(argv=None):
         result["stt_multilingual"] = multilingual_rows(args.repeats, DEFAULTS["THREADS"]["stt"])
     if "stt-tail" in stages:
         result["stt_tail"] = tail_rows(paths, DEFAULTS["THREADS"]["stt"])
+    if "stt-batch" in stages:
+        result["stt_batch"] = stt_batch_rows(paths, args.repeats)
     if "tts-priority" in stages:
         result["tts_priority"] = priority_rows(paths, args.repeats)
     emit("stages", result)

@@ -42,3 +42,4 @@ def test_bench_smoke_runs_every_benchmark():
     assert [row["fault"] for row in result["faults"]] == ["malformed_frames", "bad_http"]
     assert len(result["noise"]["rows"]) == 8 and result["noise"]["denoise_seconds_per_audio_second"] > 0
     assert result["stages"]["llm"][0]["tokens_per_s"] > 0 and result["stages"]["tts"][0]["audio_s"] > 0
+    assert result["stages"]["stt_batch"]["turns"] == 4 and result["stages"]["stt_batch"]["one_batch_s"] > 0
