@@ -44,12 +44,12 @@ def check_settings(app_configs, **kwargs):
                               f"got {value!r}.", hint=hint, id="pool.E005"))
     threads = user.get("THREADS")
     for stage, count in (threads.items() if isinstance(threads, dict) else ()):
-        if stage == "blas" and count is None:  # the BLAS's own count
+        if stage == "blas" and count in (None, "auto"):  # the BLAS's own count; timed on this CPU
             continue
         if stage not in DEFAULTS["THREADS"] or isinstance(count, bool) or not isinstance(count, int) or count < 1:
             problems.append(Error(f"S2S['THREADS'][{stage!r}] = {count!r}: the keys are "
                                   f"{', '.join(DEFAULTS['THREADS'])}, each a thread count of 1 or more "
-                                  "(\"blas\" may be None).",
+                                  "(\"blas\" may be None or \"auto\").",
                                   id="pool.E005"))
     for key in POSITIVE:
         value = user.get(key)

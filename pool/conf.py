@@ -69,9 +69,10 @@ DEFAULTS = {
     # Threads for each library, decided together for a 2-core machine: VAD is tiny and runs
     # alone; STT, LLM and TTS rarely overlap within one turn except LLM and TTS while streaming.
     # "blas": numpy's BLAS for the whole process (None: OpenBLAS's own count). 1 frees the core
-    # its idle helper spins on, for many listening sessions, but slows Whisper by a third on a
-    # VM (pool.backends.limit_blas_threads).
-    "THREADS": {"vad": 1, "stt": 2, "llm": 2, "tts": 2, "blas": None},
+    # its idle helper spins on, for many listening sessions, but slowed Whisper by a third on a
+    # Zen 3 VM and not on a Zen 5 (pool.backends.limit_blas_threads); "auto": 1 unless a
+    # transcription is slower so on this CPU (pool.backends.cache.blas_threads).
+    "THREADS": {"vad": 1, "stt": 2, "llm": 2, "tts": 2, "blas": "auto"},
     # Model runs (a transcription, a local LLM's next phrase, a synthesis) the process's units
     # make at once, earliest deadline first (pool.pipeline.compute). 1: each has the THREADS of its
     # library, so a waiting user's turn is done soonest; 3 x the pool size: every unit's at once,

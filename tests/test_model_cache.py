@@ -3,6 +3,7 @@ its sha256 with ``prepare_models --verify``) and rebuilt, and ``runpool`` refuse
 in one line that names the file and the command that mends it."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pool.backends.cache import (
     KOKORO_ONNX_SHA256,
     SMART_TURN_SHA256,
     TTS_VARIANT_PATHS,
+    blas_threads,
     cpu_signature,
     default_paths,
     peek_window_floor,
@@ -151,6 +153,38 @@ def test_a_cpu_too_slow_for_the_floor_peeks_without_it_and_the_server_loads_that
     assert load_default(get_config()).stt.peek_floor == 0
     settings.S2S = {"MODEL_CACHE_DIR": str(cache), "PEEK_WINDOW_FLOOR_S": 10}
     assert load_default(get_config()).stt.peek_floor == 10
+
+
+def test_prepare_times_a_transcription_with_numpys_blas_on_its_own_threads_and_on_one(prepared):
+    choice = json.loads((prepared / "manifest.json").read_text())["blas_threads"]
+    seconds = choice["transcribe_s"]
+    assert choice["cpu"] == cpu_signature() and seconds["own"] > 0 and seconds["one"] > 0
+    assert choice["blas"] == (1 if seconds["one"] <= seconds["own"] * model_cache.BLAS_ONE_THREAD_SLOWDOWN else None)
+    assert blas_threads(prepared) == choice  # a recorded choice is reused, not timed again
+
+
+def test_the_server_holds_numpys_blas_to_the_count_timed_for_this_cpu(cache, monkeypatch):
+    """THREADS["blas"] "auto" (the default): where one BLAS thread slows a transcription (a
+    slowdown allowed of 0 stands for that CPU) the BLAS keeps its own threads, elsewhere (any
+    slowdown allowed) it runs on one; the server's process loads the recorded choice."""
+    monkeypatch.setattr(model_cache, "BLAS_ONE_THREAD_SLOWDOWN", 0.0)
+    assert blas_threads(cache, retime=True)["blas"] is None
+    monkeypatch.setattr(model_cache, "BLAS_ONE_THREAD_SLOWDOWN", float("inf"))
+    assert blas_threads(cache, retime=True)["blas"] == 1
+    script = (
+        "import json, os, django\n"
+        "os.environ['DJANGO_SETTINGS_MODULE'] = 's2s_project.settings'\n"
+        "django.setup()\n"
+        "from threadpoolctl import threadpool_info\n"
+        "from pool.backends import load_backends\n"
+        "from pool.conf import get_config\n"
+        "load_backends(get_config())\n"
+        "print(json.dumps([i['num_threads'] for i in threadpool_info() if i['user_api'] == 'blas']))\n")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2", "S2S_JSON": json.dumps({"MODEL_CACHE_DIR": str(cache)})}
+    out = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_DIR, env=env, capture_output=True, text=True,
+                         check=True)
+    blas = json.loads(out.stdout.strip().splitlines()[-1])
+    assert blas and all(n == 1 for n in blas)
 
 
 def test_every_kokoro_variant_says_what_int8_says(prepared):

@@ -291,7 +291,7 @@ def _fresh_connect_rate(monkeypatch):
     monkeypatch.setattr(accounting, "CONNECT_RATE", accounting.ConnectRate())
 
 
-@pytest.mark.parametrize("blas, refused", [(None, False), (2, False), (0, True)])
+@pytest.mark.parametrize("blas, refused", [(None, False), (2, False), ("auto", False), (0, True), ("fast", True)])
 def test_the_blas_thread_count_is_a_count_or_none(settings, blas, refused):
     from pool.checks import check_settings
 
@@ -299,12 +299,13 @@ def test_the_blas_thread_count_is_a_count_or_none(settings, blas, refused):
     assert bool(check_settings(None)) == refused
 
 
-@pytest.mark.parametrize("blas, expected", [(1, 1), (None, 2)])
+@pytest.mark.parametrize("blas, expected", [(1, 1), (None, 2), ("auto", 2)])
 def test_loading_the_backends_holds_numpys_blas_to_its_thread_count(blas, expected):
     """OpenBLAS's idle helper threads spin after each call: on 2 cores one took a quarter of a
     core from 64 listening sessions (BENCHMARKS.md, 3c). Loading the backends holds the process's
-    BLAS to THREADS["blas"] when it is set, and leaves it alone by default (None). In a process
-    of its own: the limit is process-wide."""
+    BLAS to THREADS["blas"] when it is a count and leaves it alone with None; "auto" (the
+    default) is the default backend's to time (test_model_cache), and leaves a backend without
+    Whisper alone. In a process of its own: the limit is process-wide."""
     script = (
         "import json, os, django\n"
         "os.environ['DJANGO_SETTINGS_MODULE'] = 's2s_project.settings'\n"

@@ -40,8 +40,10 @@ def backend_loader(name):
 
 def load_backends(config):
     """The backends of ``config["BACKEND"]`` (``backend_loader``), loaded; first numpy's BLAS is
-    held to ``THREADS["blas"]`` threads for the process when that is set (``limit_blas_threads``)."""
-    limit_blas_threads(config["THREADS"]["blas"])
+    held to ``THREADS["blas"]`` threads for the process when that is a count
+    (``limit_blas_threads``; "auto" is the default backend's, timed with its Whisper)."""
+    if config["THREADS"]["blas"] != "auto":
+        limit_blas_threads(config["THREADS"]["blas"])
     return backend_loader(config["BACKEND"])(config)
 
 
@@ -52,9 +54,10 @@ def limit_blas_threads(threads):
     (about 0.1 s) before it sleeps. The STT's feature extraction makes one matrix product per
     transcription: under 64 listening sessions that helper spun a quarter of a core that the
     event loop needed (BENCHMARKS.md, section 3c). One thread runs the product in the calling
-    thread, and nothing spins. Not the default: the same spin keeps the second core of a VM awake
-    while CTranslate2 encodes and decodes, and without it a transcription took 125 ms instead of
-    90 (4 s of speech, same section). Uses threadpoolctl, which finds the BLAS numpy loaded,
+    thread, and nothing spins. Not always right: the same spin kept the second core of a VM
+    awake while CTranslate2 encoded and decoded, and without it a transcription took 125 ms
+    instead of 90 on a Zen 3 (4 s of speech, same section); on a Zen 5 it made no difference
+    (3d). Hence the default "auto", timed on each CPU (``cache.blas_threads``). Uses threadpoolctl, which finds the BLAS numpy loaded,
     whatever its name."""
     if threads is None:
         return
@@ -102,6 +105,7 @@ def load_default(config):
         STT_NAMES,
         TTS_VARIANT_PATHS,
         PreparationError,
+        blas_threads,
         damage,
         default_paths,
         is_prepared,
@@ -129,6 +133,10 @@ def load_default(config):
     variant = config["TTS_VARIANT"]
     if variant == "auto" and not config["TTS_MODEL"]:
         variant = tts_variant(cache, threads["tts"])["chosen"]
+    blas = threads["blas"]
+    if blas == "auto":
+        blas = None if config["STT_MODEL"] else blas_threads(cache, preset, threads["stt"])["blas"]
+        limit_blas_threads(blas)
     peek_floor = config["PEEK_WINDOW_FLOOR_S"]
     if peek_floor is None:
         peek_floor = MIN_WINDOW_SECONDS if config["STT_MODEL"] else \
@@ -162,7 +170,11 @@ def load_default(config):
     kokoro = config["TTS_MODEL"] or f"{variant}, {'timed fastest on this CPU' if config['TTS_VARIANT'] == 'auto' else 'TTS_VARIANT'}"
     if backends.tts_speed:
         kokoro += f"; {backends.tts_speed:.1f} s of speech per second of compute"
-    log.info("Models loaded in %.1f s (Kokoro: %s)", time.perf_counter() - started, kokoro)
+    blas_said = "its own thread count" if blas is None else f"{blas} thread{'s' if blas > 1 else ''}"
+    if threads["blas"] == "auto" and not config["STT_MODEL"]:
+        blas_said += ", timed on this CPU"
+    log.info("Models loaded in %.1f s (Kokoro: %s; numpy's BLAS: %s)", time.perf_counter() - started, kokoro,
+             blas_said)
     log.info("Models warmed up in %.1f s", warm_up(backends, config))
     return backends
 

@@ -264,6 +264,7 @@ def prepare(cache_dir, progress=True, preset="english", verify=False):
             _pack_voices(paths["tts_voices"], {**VOICE_SHA256, **MULTILINGUAL_VOICE_SHA256})
             _write_manifest(cache, preset)
             peek_window_floor(cache, preset, retime=True)
+            blas_threads(cache, preset, retime=True)
             log.info("Multilingual models ready in %s", cache)
         return paths
     paths = default_paths(cache)
@@ -285,6 +286,7 @@ def prepare(cache_dir, progress=True, preset="english", verify=False):
     _write_manifest(cache, "english")
     tts_variant(cache, retime=True)
     peek_window_floor(cache, retime=True)
+    blas_threads(cache, retime=True)
     log.info("Model cache ready in %s", cache)
     return paths
 
@@ -442,6 +444,50 @@ def peek_window_floor(cache_dir, preset="english", threads=2, retime=False):
         return {"floor_s": floor_s, "encode_s": encode_s}
 
     return _timed_choice(cache_dir, preset, "peek_window", threads, retime, measure)
+
+
+# numpy's BLAS on one thread frees the core OpenBLAS's idle helper spins on after each call: 64
+# listening sessions kept real time only so (BENCHMARKS.md 3c, 3d). Where that spin kept a VM's
+# second core awake for CTranslate2, one thread made a transcription a third slower (3c, a Zen 3:
+# 90 -> 125 ms); on a Zen 5 it cost nothing (3d). One thread, unless it is this much slower here.
+BLAS_ONE_THREAD_SLOWDOWN = 1.1
+
+
+def blas_threads(cache_dir, preset="english", threads=2, retime=False):
+    """numpy's BLAS threads for this CPU (``THREADS["blas"]`` "auto"): ``{"blas": 1 | None,
+    "cpu": cpu_signature(), "threads": n, "transcribe_s": {"own": seconds, "one": seconds}}``;
+    None is OpenBLAS's own count.
+
+    A transcription of ``preset``'s Whisper on ``threads`` threads, with OpenBLAS's own thread
+    count and with one, taking turns (threadpoolctl), medians of seven after a warm-up: one
+    thread is kept unless it makes the transcription more than BLAS_ONE_THREAD_SLOWDOWN times as
+    long. The audio is 4 s of low noise: what differs is the wake-up of the core after the
+    feature extraction's matrix product, not the words. About 2 s. Recorded in ``preset``'s
+    manifest (``_timed_choice``).
+    """
+    from threadpoolctl import threadpool_limits
+
+    from pool.backends.stt import WhisperSTT
+
+    def measure():
+        stt = WhisperSTT(default_paths(cache_dir, preset)["stt"], threads)
+        audio = np.random.default_rng(0).normal(0, 0.01, 4 * 16_000).astype(np.float32)
+        stt.transcribe(audio, "en")  # the first call plans the shapes
+        runs = {"own": [], "one": []}
+        for _ in range(7):
+            for name, limit in (("own", None), ("one", 1)):
+                with threadpool_limits(limits=limit, user_api="blas"):
+                    started = time.perf_counter()
+                    stt.transcribe(audio, "en")
+                    runs[name].append(time.perf_counter() - started)
+        seconds = {name: round(statistics.median(times), 4) for name, times in runs.items()}
+        blas = 1 if seconds["one"] <= seconds["own"] * BLAS_ONE_THREAD_SLOWDOWN else None
+        log.info("Whisper (%s) transcribes in %.3f s with numpy's BLAS on its own threads, %.3f s on one; %s",
+                 preset, seconds["own"], seconds["one"],
+                 "BLAS on one thread" if blas else "BLAS on its own threads")
+        return {"blas": blas, "transcribe_s": seconds}
+
+    return _timed_choice(cache_dir, preset, "blas_threads", threads, retime, measure)
 
 
 def _timed_choice(cache_dir, preset, key, threads, retime, measure):
