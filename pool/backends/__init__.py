@@ -57,8 +57,8 @@ def limit_blas_threads(threads):
     thread, and nothing spins. Not always right: the same spin kept the second core of a VM
     awake while CTranslate2 encoded and decoded, and without it a transcription took 125 ms
     instead of 90 on a Zen 3 (4 s of speech, same section); on a Zen 5 it made no difference
-    (3d). Hence the default "auto", timed on each CPU (``cache.blas_threads``). Uses threadpoolctl, which finds the BLAS numpy loaded,
-    whatever its name."""
+    (3d). Hence the default "auto", timed on each CPU (``cache.blas_threads``). Uses
+    threadpoolctl, which finds the BLAS numpy loaded, whatever its name."""
     if threads is None:
         return
     from threadpoolctl import threadpool_limits
