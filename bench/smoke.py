@@ -48,7 +48,8 @@ def main():
         server.stop()
     paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"])
     result["stages"] = {"stt": stages.stt_rows(paths, 1), "llm": stages.llm_rows(paths, 1, [], True),
-                        "tts": stages.tts_rows(paths, 1), "stt_batch": stages.stt_batch_rows(paths, 1)}
+                        "tts": stages.tts_rows(paths, 1), "stt_batch": stages.stt_batch_rows(paths, 1),
+                        "peek_beside": stages.peek_beside_rows(paths, 1, peeks_per_round=2)}
     result["first_turn"] = first_turn.run(1)
     result["faults"] = asyncio.run(faults.run(["malformed_frames", "bad_http"], 1, 1.0))
     result["noise"] = noise.run(1.0)

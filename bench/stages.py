@@ -22,10 +22,14 @@
   lane, on Kokoro's low-priority copy: its compute time at the lowest priority (nice 19) and
   raised to normal, alone and beside light work at normal priority on both cores (a process
   per core, busy 25 % or 50 % of each 12 ms: the VAD windows and event-loop wake-ups of other
-  sessions). Raising needs CAP_SYS_NICE.
+  sessions). Raising needs CAP_SYS_NICE;
+- peek-beside: a peek (Whisper tiny.en's ``hear`` on 0.6 s of jfk.flac) alone and beside a
+  story's syntheses (Kokoro, the variant served, one phrase after another as at a reply's
+  start), the story at the process's own priority and ``STORY_NICE_STEP`` below it, round by
+  round; and a synthesis alone at each (BENCHMARKS.md 14n).
 
     python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers]
-                           [--stages stt,llm,tts,stt-multilingual,stt-tail,stt-batch,tts-priority]
+                           [--stages stt,llm,tts,stt-multilingual,stt-tail,stt-batch,tts-priority,peek-beside]
 
 Medians of ``--repeats`` runs after one warm-up. Nothing else runs: these are the models' own
 costs on this machine, to set beside the server's (bench.turn_latency).
@@ -333,6 +337,89 @@ def priority_rows(paths, repeats, text=PHRASES[-1]):
     return rows
 
 
+STORY_NICE_STEP = 5  # peek-beside: how far below the process's priority the story runs the second way
+STORY = ["Once upon a time, in a small village by the sea,", "there lived an old fisherman who told stories.",
+         "Every evening the children gathered around him", "to hear about the storms he had seen."]
+
+
+def peek_beside_rows(paths, repeats, peeks_per_round=10):
+    """Milliseconds of a peek (``WhisperSTT.hear``, 0.6 s of jfk.flac, two backchannel phrases)
+    alone, and beside a story's syntheses whose thread and Kokoro runtime run at the process's
+    own nice value or STORY_NICE_STEP above it: one phrase after another, as in the first
+    seconds of a reply, when a listener's backchannel or barge-in comes and each phrase falls due
+    while the client holds little audio. ``repeats`` rounds of ``peeks_per_round`` peeks each
+    way, alternating (this machine's speed drifts); p50 and p90 of all peeks, and the median
+    seconds of one synthesis alone at each nice value."""
+    import os
+    import threading
+
+    from pool.backends.base import LOWEST_PRIORITY_NICE, at_priority, lower_thread_priority
+
+    path, variant = served_tts_path(paths)
+    threads = DEFAULTS["THREADS"]
+    stt = WhisperSTT(paths["stt"], threads["stt"])
+    peek = soxr.resample(load_audio(RECORDINGS["jfk"]), 24_000, 16_000).astype(np.float32)[: int(0.6 * 16_000)]
+    own = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    nices = {"process": own, "lower": min(LOWEST_PRIORITY_NICE, own + STORY_NICE_STEP)}
+    tts = {"process": KokoroTTS(path, paths["tts_voices"], threads["tts"]),
+           "lower": at_priority(lambda: KokoroTTS(path, paths["tts_voices"], threads["tts"]), nices["lower"])[0]}
+
+    def hear():
+        started = time.perf_counter()
+        stt.hear(peek, None, None, ("Mm-hmm.", "Yeah."))
+        return (time.perf_counter() - started) * 1000
+
+    def synthesis_alone(way):
+        box = {}
+
+        def run():
+            lower_thread_priority(nices[way])
+            started = time.perf_counter()
+            tts[way].synthesize(STORY[1], "af_heart")
+            box["seconds"] = time.perf_counter() - started
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        return box["seconds"]
+
+    def beside(way):
+        stop, times = threading.Event(), []
+
+        def story():
+            lower_thread_priority(nices[way])
+            for i in range(10**6):
+                if stop.is_set():
+                    return
+                tts[way].synthesize(STORY[i % len(STORY)], "af_heart")
+
+        thread = threading.Thread(target=story)
+        thread.start()
+        time.sleep(0.5)
+        for _ in range(peeks_per_round):
+            times.append(hear())
+            time.sleep(0.17)
+        stop.set()
+        thread.join()
+        return times
+
+    for way in ("process", "lower"):
+        hear(), synthesis_alone(way)  # warm-up
+    peeks, alone = {"alone": [], "process": [], "lower": []}, {"process": [], "lower": []}
+    for _ in range(repeats):
+        peeks["alone"] += [hear() for _ in range(peeks_per_round)]
+        for way in ("process", "lower"):
+            alone[way].append(synthesis_alone(way))
+            peeks[way] += beside(way)
+
+    def quantile(values, q):
+        return round(sorted(values)[min(len(values) - 1, int(q * len(values)))])
+
+    return [{"variant": variant, "story": way if way != "alone" else None, "story_nice": nices.get(way),
+             "peek_p50_ms": quantile(times, 0.5), "peek_p90_ms": quantile(times, 0.9), "peeks": len(times),
+             "synthesis_alone_s": round(statistics.median(alone[way]), 3) if way in alone else None}
+            for way, times in peeks.items()]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -358,6 +445,8 @@ def main(argv=None):
         result["stt_batch"] = stt_batch_rows(paths, args.repeats)
     if "tts-priority" in stages:
         result["tts_priority"] = priority_rows(paths, args.repeats)
+    if "peek-beside" in stages:
+        result["peek_beside"] = peek_beside_rows(paths, args.repeats)
     emit("stages", result)
 
 

@@ -43,3 +43,6 @@ def test_bench_smoke_runs_every_benchmark():
     assert len(result["noise"]["rows"]) == 8 and result["noise"]["denoise_seconds_per_audio_second"] > 0
     assert result["stages"]["llm"][0]["tokens_per_s"] > 0 and result["stages"]["tts"][0]["audio_s"] > 0
     assert result["stages"]["stt_batch"]["turns"] == 4 and result["stages"]["stt_batch"]["one_batch_s"] > 0
+    peek = {row["story"]: row for row in result["stages"]["peek_beside"]}
+    assert peek[None]["peeks"] == peek["process"]["peeks"] == peek["lower"]["peeks"] == 2
+    assert peek["lower"]["story_nice"] > peek["process"]["story_nice"] and peek["lower"]["peek_p50_ms"] > 0

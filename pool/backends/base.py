@@ -26,15 +26,16 @@ LOWEST_PRIORITY_NICE = 19  # Linux's weakest nice value: ~1.5 % of a core beside
 PER_THREAD_PRIORITY = sys.platform.startswith("linux")  # elsewhere a nice value is the whole process's
 
 
-def lower_thread_priority():
-    """Run the calling thread, and every thread it starts from now on, at the lowest OS priority
-    (nice LOWEST_PRIORITY_NICE): under contention the kernel gives the cores to normal threads
-    at once. Linux only (there a nice value belongs to one thread, and new threads inherit it);
-    elsewhere, or when the kernel refuses, nothing changes (logged). Returns whether it did."""
+def lower_thread_priority(nice=LOWEST_PRIORITY_NICE):
+    """Run the calling thread, and every thread it starts from now on, at the OS priority of
+    ``nice`` (default: the lowest, LOWEST_PRIORITY_NICE): under contention the kernel gives the
+    cores to threads of lower nice values first. Linux only (there a nice value belongs to one
+    thread, and new threads inherit it); elsewhere, or when the kernel refuses, nothing changes
+    (logged). Returns whether it did."""
     if not PER_THREAD_PRIORITY:
         return False
-    if not set_threads_priority((threading.get_native_id(),), LOWEST_PRIORITY_NICE):
-        log.warning("could not lower the priority of thread %s", threading.current_thread().name)
+    if not set_threads_priority((threading.get_native_id(),), nice):
+        log.warning("could not lower the priority of thread %s to nice %s", threading.current_thread().name, nice)
         return False
     return True
 
@@ -56,15 +57,16 @@ def set_threads_priority(threads, nice):
     return True
 
 
-def at_lowest_priority(make):
-    """``make()`` called on a new thread at the lowest OS priority (``lower_thread_priority``),
-    so that the threads it starts (a model runtime's thread pool) run there too. Returns
-    ``(its result, the native ids of the threads it started that still run)``: a caller may raise
-    them for a while with ``set_threads_priority``. Raises what ``make`` raised."""
+def at_priority(make, nice=LOWEST_PRIORITY_NICE):
+    """``make()`` called on a new thread at the OS priority of ``nice`` (``lower_thread_priority``;
+    default: the lowest), so that the threads it starts (a model runtime's thread pool) run there
+    too. Returns ``(its result, the native ids of the threads it started that still run)``: a
+    caller may raise them for a while with ``set_threads_priority``. Raises what ``make`` raised.
+    Where threads have no priority of their own (not Linux), ``make()`` runs there as it is."""
     outcome = {}
 
     def run():
-        lower_thread_priority()
+        lowered = lower_thread_priority(nice)
         before = _native_thread_ids()
         try:
             outcome["value"] = make()
@@ -72,9 +74,9 @@ def at_lowest_priority(make):
             outcome["error"] = exc
         # Only threads at this thread's nice value: another started elsewhere meanwhile is not ours.
         outcome["threads"] = tuple(sorted(t for t in _native_thread_ids() - before - {threading.get_native_id()}
-                                          if _nice(t) == LOWEST_PRIORITY_NICE))
+                                          if _nice(t) == nice)) if lowered else ()
 
-    thread = threading.Thread(target=run, name="low-priority-loader")
+    thread = threading.Thread(target=run, name=f"loader-at-nice-{nice}")
     thread.start()
     thread.join()
     if "error" in outcome:
@@ -208,7 +210,7 @@ class Backends:
     # reference), both float32 @ 16 kHz, -> float32 @ 16 kHz, and reset() (pool.backends.echo).
     echo: object = None
     # The TTS model again, in a runtime whose threads run at the lowest OS priority
-    # (``at_lowest_priority``): the compute queue's background lane synthesizes speculative
+    # (``KokoroTTS.at_lowest_priority``): the compute queue's background lane synthesizes speculative
     # replies' phrases with it, and the kernel preempts it for real work (pool.pipeline.compute).
     # Its ``runtime_threads``: the native ids of those threads. None: no background lane.
     tts_background: TTS | None = None

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import onnxruntime as ort
 
-from pool.backends.base import RunStoppedError, at_lowest_priority
+from pool.backends.base import RunStoppedError, at_priority
 from pool.backends.onnx import cpu_session
 from pool.backends.voices import espeak_language, resolve_voice, voice_language
 
@@ -20,7 +20,7 @@ class KokoroTTS:
 
     _phonemize_lock = threading.Lock()
     stops = True  # synthesize takes a RunStop (pool.backends.base.TTS)
-    runtime_threads = ()  # the low-priority copy's (at_lowest_priority)
+    runtime_threads = ()  # its runtime's threads (native ids) when loaded by pool.backends.base.at_priority
 
     def __init__(self, model_path, voices_path, threads=2):
         from kokoro_onnx import Kokoro
@@ -34,11 +34,11 @@ class KokoroTTS:
 
     def at_lowest_priority(self):
         """The same model in a second onnxruntime session whose thread pool runs at the lowest
-        OS priority (``pool.backends.base.at_lowest_priority``), for the compute queue's
+        OS priority (``pool.backends.base.at_priority``), for the compute queue's
         background lane, with its ``runtime_threads`` (native ids of that thread pool's threads,
         which the lane raises while an adopted reply's phrase runs there). Costs the model's
         memory once more (int8: ~150 MB resident)."""
-        copy, threads = at_lowest_priority(lambda: type(self)(*self._paths))
+        copy, threads = at_priority(lambda: type(self)(*self._paths))
         copy.runtime_threads = threads
         return copy
 
