@@ -187,6 +187,17 @@ def test_the_server_holds_numpys_blas_to_the_count_timed_for_this_cpu(cache, mon
     assert blas and all(n == 1 for n in blas)
 
 
+def test_the_onnx_sessions_threads_sleep_between_parallel_sections():
+    """onnxruntime's intra-op threads spin by default while they wait for work: a story's Kokoro
+    threads then took the cores from a peek's Whisper beside them (BENCHMARKS.md 14o). Every
+    session the backends open (``cpu_session``: Silero, Kokoro, Smart Turn) lets them sleep."""
+    from pool.backends.cache import package_dir
+    from pool.backends.onnx import cpu_session
+
+    session = cpu_session(package_dir("silero_vad") / "data" / "silero_vad.onnx", threads=2)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 def test_every_kokoro_variant_says_what_int8_says(prepared):
     import soxr
 
