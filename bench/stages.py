@@ -53,7 +53,7 @@ from pool.backends.tts import KokoroTTS
 from pool.conf import DEFAULTS
 from realtime.client import load_audio
 
-from .common import RECORDINGS, emit
+from .common import RECORDINGS, emit, stats
 
 MESSAGES = [{"role": "system", "content": DEFAULTS["DEFAULT_INSTRUCTIONS"]},
             {"role": "user", "content": "What can I cook tonight with rice and two eggs?"}]
@@ -348,7 +348,7 @@ def peek_beside_rows(paths, repeats, peeks_per_round=10):
     own nice value or STORY_NICE_STEP above it: one phrase after another, as in the first
     seconds of a reply, when a listener's backchannel or barge-in comes and each phrase falls due
     while the client holds little audio. ``repeats`` rounds of ``peeks_per_round`` peeks each
-    way, alternating (this machine's speed drifts); p50 and p90 of all peeks, and the median
+    way, alternating (this machine's speed drifts); ``stats`` of all peeks, and the median
     seconds of one synthesis alone at each nice value."""
     import os
     import threading
@@ -411,11 +411,8 @@ def peek_beside_rows(paths, repeats, peeks_per_round=10):
             alone[way].append(synthesis_alone(way))
             peeks[way] += beside(way)
 
-    def quantile(values, q):
-        return round(sorted(values)[min(len(values) - 1, int(q * len(values)))])
-
     return [{"variant": variant, "story": way if way != "alone" else None, "story_nice": nices.get(way),
-             "peek_p50_ms": quantile(times, 0.5), "peek_p90_ms": quantile(times, 0.9), "peeks": len(times),
+             "peek_ms": stats(times),
              "synthesis_alone_s": round(statistics.median(alone[way]), 3) if way in alone else None}
             for way, times in peeks.items()]
 

@@ -44,5 +44,5 @@ def test_bench_smoke_runs_every_benchmark():
     assert result["stages"]["llm"][0]["tokens_per_s"] > 0 and result["stages"]["tts"][0]["audio_s"] > 0
     assert result["stages"]["stt_batch"]["turns"] == 4 and result["stages"]["stt_batch"]["one_batch_s"] > 0
     peek = {row["story"]: row for row in result["stages"]["peek_beside"]}
-    assert peek[None]["peeks"] == peek["process"]["peeks"] == peek["lower"]["peeks"] == 2
-    assert peek["lower"]["story_nice"] > peek["process"]["story_nice"] and peek["lower"]["peek_p50_ms"] > 0
+    assert peek[None]["peek_ms"]["n"] == peek["process"]["peek_ms"]["n"] == peek["lower"]["peek_ms"]["n"] == 2
+    assert peek["lower"]["story_nice"] > peek["process"]["story_nice"] and peek["lower"]["peek_ms"]["p50"] > 0
