@@ -40,15 +40,13 @@ import re
 import statistics
 import time
 
-import ctranslate2
 import numpy as np
 import soxr
-from faster_whisper.transcribe import get_suppressed_tokens
 
 from pool.backends.base import LLMRequest
 from pool.backends.cache import TTS_VARIANT_PATHS, default_paths, tts_variant
 from pool.backends.llm import LlamaCppLLM, TransformersLLM
-from pool.backends.stt import MIN_TOKENS, TOKENS_PER_SECOND, WhisperSTT, encoder_frames
+from pool.backends.stt import WhisperSTT
 from pool.backends.tts import KokoroTTS
 from pool.conf import DEFAULTS
 from realtime.client import load_audio
@@ -93,7 +91,7 @@ def stt_rows(paths, repeats):
     rows = []
     for name, audio in clips.items():
         full, _ = timed(lambda audio=audio: stt._transcribe_30s(audio, "en", None), repeats)
-        short, (text, _language) = timed(lambda audio=audio: stt._transcribe_short(audio, "en", None), repeats)
+        short, (text, _language) = timed(lambda audio=audio: stt.transcribe_detect(audio, "en"), repeats)
         rows.append({"audio": name, "seconds": round(len(audio) / 16_000, 1), "window_30s_s": full,
                      "short_window_s": short, "ratio": round(short / full, 2), "transcript": text})
     return rows
@@ -130,28 +128,15 @@ def llm_row(name, llm, repeats, cached):
 
 
 def stt_batch_rows(paths, repeats):
-    """Four transcriptions one after the other against one batch of four (the longest's window,
-    the others zero-padded to it; ``pool.backends.stt``'s decoding settings): medians, seconds,
-    and whether the batch wrote the same transcripts."""
+    """Four transcriptions one after the other against one batch of four
+    (``WhisperSTT.transcribe_batch``, what the compute queue runs for transcriptions that wait
+    together): medians, seconds, and whether the batch wrote the same transcripts."""
     stt = WhisperSTT(paths["stt"], DEFAULTS["THREADS"]["stt"])
     clips = [soxr.resample(load_audio(path), 24_000, 16_000).astype(np.float32) for path in RECORDINGS.values()]
     clips = [clips[1], clips[2], clips[0][:4 * 16_000], clips[0][4 * 16_000:8 * 16_000]]  # 4-5 s turns
-    tokenizer = stt._tokenizer("en")
-
-    def batch():
-        seconds = max(len(clip) for clip in clips) / 16_000
-        frames = encoder_frames(seconds)
-        features = [stt.model.feature_extractor(clip)[:, :frames] for clip in clips]
-        features = np.stack([np.pad(f, ((0, 0), (0, frames - f.shape[1]))) for f in features])
-        encoded = stt.model.model.encode(ctranslate2.StorageView.from_array(features))
-        results = stt.model.model.generate(
-            encoded, [stt._prompt(tokenizer, None)] * len(clips), beam_size=1,
-            max_length=int(MIN_TOKENS + TOKENS_PER_SECOND * seconds), suppress_blank=True,
-            suppress_tokens=get_suppressed_tokens(tokenizer, [-1]))
-        return [tokenizer.decode(r.sequences_ids[0]).strip() for r in results]
-
-    one_by_one, texts = timed(lambda: [stt._transcribe_short(clip, "en", None)[0] for clip in clips], repeats)
-    batched, batch_texts = timed(batch, repeats)
+    turns = [(clip, "en", None) for clip in clips]
+    one_by_one, texts = timed(lambda: [stt.transcribe_detect(*turn) for turn in turns], repeats)
+    batched, batch_texts = timed(lambda: stt.transcribe_batch(turns), repeats)
     return {"turns": len(clips), "seconds_each": [round(len(c) / 16_000, 1) for c in clips],
             "one_after_the_other_s": one_by_one, "one_batch_s": batched, "ratio": round(batched / one_by_one, 2),
             "same_transcripts": texts == batch_texts}

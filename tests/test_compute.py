@@ -100,6 +100,107 @@ def test_an_error_reaches_the_caller_and_the_queue_goes_on():
     assert fine.result(5) == "42" and fine.compute_seconds >= 0
 
 
+class Batcher:
+    """A model that batches: ``one(name)`` alone, ``batch([(name,), ...])`` for several, each
+    recorded."""
+
+    def __init__(self):
+        self.batches = []
+
+    def one(self, name):
+        self.batches.append([name])
+        return name.upper()
+
+    def batch(self, calls):
+        self.batches.append([name for (name,) in calls])
+        return [name.upper() for (name,) in calls]
+
+
+def test_calls_of_a_model_that_batches_run_as_one_batch_when_they_wait_together():
+    """Three units' transcriptions wait behind a running call: the worker runs them as one batch,
+    the earliest due first, each future with its own result; a cancelled one is left out, and a
+    call of another model waits its own turn."""
+    queue, gate, first = busy_queue()
+    model = Batcher()
+    now = time.perf_counter()
+    later = queue.submit(now + 2.0, model.one, "unit c", batch=model.batch)
+    other = queue.submit(now + 1.0, gate, "a phrase")
+    dropped = queue.submit(now, model.one, "unit d", batch=model.batch)
+    due = queue.submit(now, model.one, "unit a", batch=model.batch)
+    also = queue.submit(now + 0.5, model.one, "unit b", batch=model.batch)
+    assert dropped.cancel()
+    gate.release()
+    assert [f.result(5) for f in (due, also, later)] == ["UNIT A", "UNIT B", "UNIT C"]
+    assert other.result(5) == "a phrase" and first.result(5) == "running"
+    assert model.batches == [["unit a", "unit b", "unit c"]]
+    assert gate.ran == ["running", "a phrase"]
+    assert due.batched == later.batched == 3 and due.compute_seconds == later.compute_seconds
+    assert other.batched == 1
+
+
+def test_a_call_that_waits_alone_runs_as_itself():
+    queue = ComputeQueue("test")
+    model = Batcher()
+    assert queue.submit(0.0, model.one, "alone", batch=model.batch).result(5) == "ALONE"
+    assert model.batches == [["alone"]]
+    with pytest.raises(ValueError, match="positional"):
+        queue.submit(0.0, model.one, name="alone", batch=model.batch)
+
+
+def test_a_failed_batch_fails_each_of_its_calls_and_the_queue_goes_on():
+    queue, gate, first = busy_queue()
+
+    def broken(calls):
+        raise ValueError("bad audio")
+
+    def short(calls):
+        return []  # a batch that lost a result must not leave a caller waiting
+
+    failing = [queue.submit(0.0, str, i, batch=broken) for i in range(2)]
+    losing = [queue.submit(1.0, str, i, batch=short) for i in range(2)]
+    fine = queue.submit(2.0, str, 42)
+    gate.release()
+    assert all(isinstance(f.exception(5), ValueError) for f in failing)
+    assert all(isinstance(f.exception(5), RuntimeError) for f in losing)
+    assert fine.result(5) == "42"
+
+
+def test_units_transcriptions_that_wait_together_are_one_batch_of_the_shared_stt():
+    """Two units' STT stages on one model: their turns' transcripts, asked for while the queue
+    runs a synthesis, come from one ``transcribe_batch`` of both, each to its own unit."""
+    from pool.backends.scripted import load_scripted
+    from pool.conf import get_config
+
+    class Model:  # an STT that batches
+        languages, name = frozenset({"en"}), "batching-stt"
+        batches = []
+
+        def transcribe_detect(self, audio, language=None, prompt=None):
+            return self.transcribe_batch([(audio, language, prompt)])[0]
+
+        def transcribe_batch(self, turns):
+            self.batches.append(len(turns))
+            return [(f"{len(audio)} samples, {prompt}", "en") for audio, _language, prompt in turns]
+
+    backends = load_scripted(get_config())
+    shared = type(backends)(**{**backends.__dict__, "stt": Model()})
+    unit_a, unit_b = STTStage(shared), STTStage(shared)
+    queue, gate = unit_a._queue, Gate()
+    running = queue.submit(0.0, gate, "a synthesis")
+    assert gate.started.wait(5)
+    events = []
+    for stage, samples, prompt in ((unit_a, 16_000, "Kokoro"), (unit_b, 8_000, None)):
+        msg = m.Transcribe(f"item_{samples}", np.zeros(samples, np.float32), "en", prompt=prompt)
+        threading.Thread(target=stage.handle, args=(m.SessionContext(events.append), msg), daemon=True).start()
+    assert wait_for(lambda: queue.pending() == 2)
+    gate.release()
+    assert running.result(5) == "a synthesis"
+    assert wait_for(lambda: len(events) == 2)
+    assert Model.batches == [2]
+    assert sorted((e.item_id, e.transcript) for e in events) == [
+        ("item_16000", "16000 samples, Kokoro"), ("item_8000", "8000 samples, None")]
+
+
 class Clock:
     """A clock the test sets (perf_counter seconds)."""
 

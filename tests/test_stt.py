@@ -86,3 +86,22 @@ def test_long_audio_is_transcribed_to_its_end(stt):
 
 def test_silence_is_no_words(stt):
     assert stt.transcribe(np.zeros(16_000, np.float32), "en") == ""
+
+
+def test_a_batch_of_turns_is_transcribed_as_each_turn_alone(stt):
+    """What the compute queue runs for turns that end together (``transcribe_batch``): the same
+    transcripts as one by one, with prompts of two lengths (two decodes), a silent turn, a turn
+    of a longer window (encoded apart: padded to 30 s, "comfyUI" came back "ComfyUI") and audio
+    past the short window (the 30 s path, alone; its temperature fallback samples on this audio:
+    22 to 68 words in runs, so it is only checked to be there)."""
+    jfk, hotwords = _16k(JFK), _16k(HOTWORDS)
+    both = np.concatenate([jfk, hotwords, jfk, hotwords])
+    turns = [(jfk[: 4 * 16_000], "en", None), (hotwords[: 5 * 16_000], "en", "ComfyUI folder."),
+             (np.zeros(16_000, np.float32), "en", None), (both[: 20 * 16_000], "en", None),
+             (both[: 28 * 16_000], "en", None), (jfk[4 * 16_000: 8 * 16_000], None, None)]
+    alone = [stt.transcribe_detect(*turn) for turn in turns]
+    batch = stt.transcribe_batch(turns)
+    assert batch[:4] + batch[5:] == alone[:4] + alone[5:]
+    assert "fellow americans" in normalise(alone[0][0]) and "folder" in normalise(alone[1][0])
+    assert alone[2] == ("", "en") and alone[5][1] == "en"
+    assert batch[4][1] == "en" and batch[4][0]

@@ -160,6 +160,12 @@ class STT(Protocol):
         (``language`` when given, else what the model detected; None when it cannot say).
         Optional: without it, a turn's language is the session's."""
 
+    def transcribe_batch(self, turns: list[tuple[np.ndarray, str | None, str | None]]) -> list[tuple[str, str | None]]:
+        """``transcribe_detect`` of several ``(audio, language, prompt)`` turns at once, the
+        results in order: the compute queue runs the transcriptions that wait together as one
+        (``pool.pipeline.compute``). Optional (with ``transcribe_detect``): without it, one
+        after the other."""
+
 
 class LLM(Protocol):
     resumes: bool  # True: the LLM stage pauses a reply by stopping it and continuing from

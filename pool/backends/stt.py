@@ -77,9 +77,42 @@ class WhisperSTT:
         """``(transcript, language)``: ``language`` as given, else the one a multilingual model
         detects in this audio (Whisper's language token, from the same encoding), else the only
         one an English-only model knows."""
-        if len(audio) / SPEECH_RATE > SHORT_WINDOW_MAX_SECONDS:
-            return self._transcribe_30s(audio, language, prompt)
-        return self._transcribe_short(audio, language, prompt)
+        return self.transcribe_batch([(audio, language, prompt)])[0]
+
+    def transcribe_batch(self, turns):
+        """``transcribe_detect`` of several turns at once: ``turns`` is a list of ``(audio,
+        language, prompt)``; returns their ``(transcript, language)`` in order. Turns of one
+        encoder window (``encoder_frames``: every turn up to 6 s has the 10 s floor's) are encoded
+        as one batch and decoded greedily together, one decode per prompt length (CTranslate2
+        wants <|startoftranscript|> at one position in a batch): each gets the transcript it
+        would get alone (a runaway decode is cut at the longest turn's bound), four 4-5 s turns
+        in 0.75-0.85x the time of one after the other (BENCHMARKS.md 5g). A turn of another window is
+        encoded apart (padded to a longer one, its words could change); audio over
+        SHORT_WINDOW_MAX_SECONDS takes faster-whisper's 30 s path, alone."""
+        results = [None] * len(turns)
+        windows = {}  # encoder frames -> indexes of turns
+        for i, (audio, language, prompt) in enumerate(turns):
+            if len(audio) / SPEECH_RATE > SHORT_WINDOW_MAX_SECONDS:
+                results[i] = self._transcribe_30s(audio, language, prompt)
+            else:
+                windows.setdefault(encoder_frames(len(audio) / SPEECH_RATE), []).append(i)
+        for indexes in windows.values():
+            encoded, languages, _frames = self._encode_batch([turns[i][0] for i in indexes],
+                                                             [turns[i][1] for i in indexes])
+            prompts = {}  # prompt length -> [(position in indexes, tokenizer, prompt tokens)]
+            for k, (i, language) in enumerate(zip(indexes, languages, strict=True)):
+                tokenizer = self._tokenizer(language)
+                tokens = self._prompt(tokenizer, turns[i][2])
+                prompts.setdefault(len(tokens), []).append((k, tokenizer, tokens))
+            for group in prompts.values():
+                positions = [k for k, _, _ in group]
+                subset = encoded if len(positions) == len(indexes) else ctranslate2.StorageView.from_array(
+                    np.asarray(encoded)[positions])
+                seconds = max(len(turns[indexes[k]][0]) for k in positions) / SPEECH_RATE
+                decoded = self._generate(subset, [tokens for _, _, tokens in group], group[0][1], seconds)
+                for (k, tokenizer, _), result in zip(group, decoded, strict=True):
+                    results[indexes[k]] = self._text(result, tokenizer)[0], languages[k]
+        return results
 
     def _tokenizer(self, language):
         multilingual = self.model.model.is_multilingual
@@ -127,17 +160,27 @@ class WhisperSTT:
         """``(Whisper's encoding of audio, its log-mel frames, language)``: a window just longer
         than the audio (``floor``: its least length, seconds); ``language`` as given, else
         detected (multilingual), else "en"."""
-        seconds = len(audio) / SPEECH_RATE
-        frames = encoder_frames(seconds, floor)
-        features = self.model.feature_extractor(audio)[:, :frames]
-        used = features.shape[1]
-        features = np.pad(features, ((0, 0), (0, frames - used)))
-        encoded = self.model.model.encode(ctranslate2.StorageView.from_array(features[np.newaxis]))
+        encoded, languages, frames = self._encode_batch([audio], [language], floor)
+        return encoded, frames[0], languages[0]
+
+    def _encode_batch(self, audios, languages, floor=MIN_WINDOW_SECONDS):
+        """``(Whisper's encoding of each audio as one batch, each one's language, each one's
+        log-mel frames)``: every window as long as the longest audio's (``encoder_frames``;
+        ``floor``: its least length, seconds); a language as given, else detected
+        (multilingual), else "en"."""
+        frames = encoder_frames(max(len(audio) for audio in audios) / SPEECH_RATE, floor)
+        features, used = [], []
+        for audio in audios:
+            feature = self.model.feature_extractor(audio)[:, :frames]
+            used.append(max(1, feature.shape[1]))
+            features.append(np.pad(feature, ((0, 0), (0, frames - feature.shape[1]))))
+        encoded = self.model.model.encode(ctranslate2.StorageView.from_array(np.stack(features)))
         if not self.model.model.is_multilingual:
-            language = "en"
-        elif language is None:  # [[("<|es|>", p), ...]]: the most probable first
-            language = self.model.model.detect_language(encoded)[0][0][0][2:-2]
-        return encoded, max(1, min(used, frames)), language
+            return encoded, ["en"] * len(audios), used
+        if any(language is None for language in languages):  # [[("<|es|>", p), ...], ...]: the most probable first
+            detected = [found[0][0][2:-2] for found in self.model.model.detect_language(encoded)]
+            languages = [language or heard for language, heard in zip(languages, detected, strict=True)]
+        return encoded, list(languages), used
 
     def encode_seconds(self, audio, floor):
         """Seconds this CPU takes to encode ``audio`` (float32 mono, 16 kHz) in the window of
@@ -150,27 +193,35 @@ class WhisperSTT:
         """``(transcript, its tokens, log-probabilities of the vocabulary at its first step or
         None)``, greedy (``first_step``: with those log-probabilities); ``("", [], ...)`` for
         silence and no-speech."""
-        result = self.model.model.generate(
-            encoded, [self._prompt(tokenizer, prompt)], beam_size=1,
-            max_length=int(MIN_TOKENS + TOKENS_PER_SECOND * seconds), return_scores=True,
-            return_no_speech_prob=True, suppress_blank=True, return_logits_vocab=first_step,
-            suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
-        )[0]
+        result = self._generate(encoded, [self._prompt(tokenizer, prompt)], tokenizer, seconds, first_step)[0]
         tokens = result.sequences_ids[0]
         first = None
         if first_step and tokens:
             logits = np.asarray(result.logits[0][0], dtype=np.float64)
             first = logits - logits.max() - np.log(np.sum(np.exp(logits - logits.max())))
+        text, tokens = self._text(result, tokenizer)
+        return text, tokens, first
+
+    def _generate(self, encoded, prompts, tokenizer, seconds, first_step=False):
+        """CTranslate2's greedy decode of a batch (``encoded``, one prompt each, all of one
+        length), at most the tokens ``seconds`` of speech could hold."""
+        return self.model.model.generate(
+            encoded, prompts, beam_size=1,
+            max_length=int(MIN_TOKENS + TOKENS_PER_SECOND * seconds), return_scores=True,
+            return_no_speech_prob=True, suppress_blank=True, return_logits_vocab=first_step,
+            suppress_tokens=get_suppressed_tokens(tokenizer, [-1]),
+        )
+
+    @staticmethod
+    def _text(result, tokenizer):
+        """``(transcript, its tokens)`` of one decoded result; ``("", [])`` for silence and
+        no-speech."""
+        tokens = result.sequences_ids[0]
         avg_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)  # as faster-whisper
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and avg_logprob < LOG_PROB_THRESHOLD:
-            return "", [], first
+            return "", []
         text = tokenizer.decode(tokens).strip()
-        return (text, tokens, first) if any(c.isalnum() for c in text) else ("", [], first)  # "." is Whisper's silence
-
-    def _transcribe_short(self, audio, language, prompt):
-        encoded, _frames, language = self._encode(audio, language)
-        text, _tokens, _first = self._decode(encoded, len(audio) / SPEECH_RATE, self._tokenizer(language), prompt)
-        return text, language
+        return (text, tokens) if any(c.isalnum() for c in text) else ("", [])  # "." is Whisper's silence
 
     def _prompt(self, tokenizer, prompt):
         """faster-whisper's prompt layout: previous text after <|startofprev|>, then the start

@@ -13,6 +13,12 @@ when the audio its client holds runs out, speculative work never (``WHENEVER``).
 phrase in about 60 % of the time of two runs on one core each (BENCHMARKS.md, section 5), and
 what a waiting user hears first is one phrase.
 
+**Calls of a model that batches wait for one another** (``batch`` of ``submit``: Whisper's
+``transcribe_batch``). A worker that takes such a call takes every other waiting call of the same
+``batch`` with it (up to MAX_BATCH) and runs them as one: when several turns end together, their
+speculative transcriptions queue behind the first, and one encode and decode of all of them
+costs 0.75-0.85x of one after the other (BENCHMARKS.md, section 5g).
+
 **Speculative work runs in the background lane** (``background=True``, ``COMPUTE_BACKGROUND``).
 One model run cannot be paused (an ONNX run of a phrase takes most of a second), so with one
 lane a user who stopped speaking waited for a speculative reply's synthesis that had the cores
@@ -50,6 +56,7 @@ log = logging.getLogger(__name__)
 WHENEVER = math.inf  # the deadline of speculative work: due never, run when nothing else is due
 IDLE_SECONDS = 5.0  # how often an idle worker looks whether its queue still exists (or is surplus)
 RECHECK_SECONDS = 0.02  # a worker with work waiting that it may not take yet looks again this often
+MAX_BATCH = 8  # calls run as one batch at most (a pool's turns that end together)
 
 
 @dataclass(eq=False)
@@ -60,6 +67,7 @@ class _Call:
     args: tuple
     kwargs: dict
     background: object = None  # what runs instead of fn in the background lane (None: fn)
+    batch: object = None  # runs this call with others of the same batch (None: alone)
 
     def rank(self):
         return (self.deadline() if callable(self.deadline) else self.deadline), self.order
@@ -74,9 +82,11 @@ class ComputeQueue:
     start with the first call and end once the queue is gone (its model unloaded).
 
     ``submit`` returns a ``concurrent.futures.Future``; cancelling it removes the call from the
-    queue at once (a call already running runs to its end, unless its model takes a
-    ``pool.backends.base.RunStop`` and the caller requests it: Kokoro's does).
-    The future's ``compute_seconds`` is the call's own run time, without its wait in the queue;
+    queue, or from a batch not yet started, at once (a call already running runs to its end,
+    unless its model takes a ``pool.backends.base.RunStop`` and the caller requests it: Kokoro's
+    does).
+    The future's ``compute_seconds`` is the call's own run time, without its wait in the queue
+    (a batch's: the whole batch's; ``batched``: how many calls it ran with itself included);
     its ``background`` says whether it ran in the background lane, where that time includes
     whatever the foreground took from it (not a measure of the model's speed).
     Wait for it with ``result(future)``: a call that has run STUCK_SECONDS (a wedged model) no
@@ -103,15 +113,20 @@ class ComputeQueue:
         self._order = itertools.count()
         self._ready = threading.Condition()
 
-    def submit(self, deadline, fn, *args, background=None, **kwargs):
+    def submit(self, deadline, fn, *args, background=None, batch=None, **kwargs):
         """Queue ``fn(*args, **kwargs)``, due at ``deadline``: ``time.perf_counter()`` seconds,
         ``WHENEVER`` for speculative work, or a callable returning either, asked each time a
         worker picks its next call (a speculative reply the session adopts moves up at once).
         ``background``: what the background lane calls instead of ``fn``, with the same
-        arguments (the same model in a low-priority runtime); None: ``fn``. Returns its Future."""
+        arguments (the same model in a low-priority runtime); None: ``fn``. ``batch``: a
+        callable that runs several such calls as one, ``batch([args, ...])`` -> their results in
+        order (positional ``args`` only, no ``kwargs``): a worker that takes this call takes the
+        other waiting calls of an equal ``batch`` too. Returns its Future."""
+        if batch is not None and kwargs:
+            raise ValueError("a call that may be batched takes positional arguments only")
         future = Future()
         with self._ready:
-            self._waiting[future] = _Call(deadline, next(self._order), fn, args, kwargs, background)
+            self._waiting[future] = _Call(deadline, next(self._order), fn, args, kwargs, background, batch)
             self._start_workers()
             self._ready.notify_all()
         future.add_done_callback(self._forget)
@@ -196,9 +211,9 @@ class ComputeQueue:
         return first[0]
 
     def _next(self, background):
-        """The next ``(future, call)`` of this worker's lane; None when none came for
-        IDLE_SECONDS; False when this worker is surplus (started beside a stuck one) and idle:
-        it ends."""
+        """The next ``[(future, call), ...]`` of this worker's lane (several: a batch, the
+        earliest due first); None when none came for IDLE_SECONDS; False when this worker is
+        surplus (started beside a stuck one) and idle: it ends."""
         me = threading.current_thread()
         with self._ready:
             self._busy.pop(me, None)
@@ -220,11 +235,16 @@ class ComputeQueue:
                                  if self._waiting or self._background_call is not None else remaining)
                 self._prioritize_background()
             call = self._waiting.pop(future)
+            work = [(future, call)]
+            if call.batch is not None and not background:
+                mates = sorted((waiting.rank(), other) for other, waiting in self._waiting.items()
+                               if waiting.batch == call.batch)
+                work += [(other, self._waiting.pop(other)) for _, other in mates[:MAX_BATCH - 1]]
             self._busy[me] = time.perf_counter()
             if background:
                 self._background_call, self._yielding_since = call, None
             self._prioritize_background()
-            return future, call
+            return work
 
 
 def _speculative(call):
@@ -244,21 +264,35 @@ def _work(queue_ref, background):
             return
         if work is None:
             continue
-        future, call = work
-        if not future.set_running_or_notify_cancel():
-            continue
-        fn = (call.background or call.fn) if background else call.fn
-        future.background = background
-        started = time.perf_counter()
-        try:
-            result = fn(*call.args, **call.kwargs)
-        except BaseException as exc:  # noqa: BLE001 - the caller's future carries it
-            future.compute_seconds = time.perf_counter() - started
-            future.set_exception(exc)
+        work = [(future, call) for future, call in work if future.set_running_or_notify_cancel()]
+        if work:
+            _run(work, background)
+        del work
+
+
+def _run(work, background):
+    """Run ``[(future, call), ...]`` (taken by one worker, running) and settle each future: one
+    call as itself, several as their batch."""
+    future, call = work[0]
+    started = time.perf_counter()
+    try:
+        if len(work) == 1:
+            results = [((call.background or call.fn) if background else call.fn)(*call.args, **call.kwargs)]
         else:
-            future.compute_seconds = time.perf_counter() - started
-            future.set_result(result)
-        del future, fn, call, work
+            results = call.batch([c.args for _, c in work])
+            if len(results) != len(work):
+                raise RuntimeError(f"a batch of {len(work)} calls returned {len(results)} results")
+    except BaseException as exc:  # noqa: BLE001 - the callers' futures carry it
+        outcomes = [(False, exc)] * len(work)
+    else:
+        outcomes = [(True, result) for result in results]
+    seconds = time.perf_counter() - started
+    for (future, _), (ok, outcome) in zip(work, outcomes, strict=True):
+        future.compute_seconds, future.background, future.batched = seconds, background, len(work)
+        if ok:
+            future.set_result(outcome)
+        else:
+            future.set_exception(outcome)
 
 
 _QUEUES = weakref.WeakKeyDictionary()

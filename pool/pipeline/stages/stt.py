@@ -56,13 +56,16 @@ class STTStage(Stage):
     def _submit(self, due, msg):
         """The Future of ``((transcript, language), compute seconds)`` of ``msg.audio`` with the
         session's prompt, run in the compute queue, due at ``due`` (a perf_counter time or a
-        callable returning one). An STT backend without ``transcribe_detect`` (one written
-        before it) hears the session's language, or None."""
+        callable returning one), batched with other units' transcriptions waiting with it where
+        the backend has ``transcribe_batch``. An STT backend without ``transcribe_detect`` (one
+        written before it) hears the session's language, or None."""
         detect = getattr(self._stt, "transcribe_detect", None)
+        batch = getattr(self._stt, "transcribe_batch", None)
         if detect is None:
             def detect(audio, language, prompt):
                 return self._stt.transcribe(audio, language, prompt=prompt), language
-        return self._queue.submit(due, detect, msg.audio, msg.language, prompt=msg.prompt)
+            batch = None
+        return self._queue.submit(due, detect, msg.audio, msg.language, msg.prompt, batch=batch)
 
     def _result(self, future):
         """``((transcript, language), compute seconds)`` of a submitted transcription. Raises
