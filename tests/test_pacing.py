@@ -35,6 +35,16 @@ def test_no_piece_is_shorter_than_the_minimum_even_with_no_lead():
     assert len(piece.split()) == MIN_PIECE_WORDS
 
 
+def test_while_other_work_waits_a_piece_is_cut_to_a_bounded_compute():
+    """One synthesis cannot be paused: with other units' work waiting, a long lead no longer
+    lets a whole sentence hold the cores (0.6 s / (0.2 x 0.35 s) = 8 words fit)."""
+    pace = SpeechPace(real_time_factor=0.2, seconds_per_word=0.35)
+    assert pace.next_piece(SENTENCE, 10.0) == (SENTENCE, "")
+    piece, rest = pace.next_piece(SENTENCE, 10.0, contended=True)
+    assert piece == " The capital of France is Paris," and piece + rest == SENTENCE
+    assert pace.next_piece(SENTENCE, 0.5, contended=True) == pace.next_piece(SENTENCE, 0.5)  # the lead is shorter
+
+
 def test_the_estimates_follow_what_the_tts_measured():
     pace = SpeechPace(real_time_factor=0.8, seconds_per_word=0.35)
     for _ in range(30):
@@ -50,9 +60,10 @@ def test_pieces_concatenate_back_to_the_phrase(tokens, lead):
     assert piece + rest == text and (piece.strip() or not text.strip())
 
 
-def _speak(phrases, seconds_per_char, real_time_factor=1.0):
+def _speak(phrases, seconds_per_char, real_time_factor=1.0, contended=False):
     """The TTS stage speaks ``phrases`` of one response with the scripted TTS; returns the
-    transcripts of the audio events it sent."""
+    transcripts of the audio events it sent. ``contended``: other work waits in the compute
+    queue all along."""
     from pool.backends.scripted import SCRIPT
 
     SCRIPT.reset()
@@ -60,6 +71,9 @@ def _speak(phrases, seconds_per_char, real_time_factor=1.0):
     tts = ScriptedTTS()
     stage = TTSStage(Backends(None, None, None, tts))
     stage._pace = SpeechPace(real_time_factor=real_time_factor, seconds_per_word=0.35)
+    if contended:
+        stage._pace.observe = lambda *measured: None  # the scripted TTS's speed is not the point here
+        stage._queue.pending = lambda: 1  # this test's own queue (one per Backends)
     events = queue.Queue()
     ctx = m.SessionContext(events.put)
     job = m.ResponseJob("resp_1", LLMRequest([], 10), "audio", "alloy", 1.0,
@@ -95,3 +109,10 @@ def test_the_tts_stage_speaks_a_long_phrase_in_pieces_when_the_lead_is_short(mon
 def test_the_tts_stage_keeps_phrases_whole_when_synthesis_is_far_ahead():
     sent = _speak(["Sure, I can help.", SENTENCE], seconds_per_char=0.05, real_time_factor=0.05)
     assert sent == ["Sure, I can help.", SENTENCE]
+
+
+def test_the_tts_stage_cuts_a_long_phrase_while_other_units_work_waits():
+    first = "Sure, I can help you with that today."  # 7.6 s of audio: a lead for 100 words here
+    assert _speak([first, SENTENCE], seconds_per_char=0.2, real_time_factor=0.2) == [first, SENTENCE]
+    sent = _speak([first, SENTENCE], seconds_per_char=0.2, real_time_factor=0.2, contended=True)
+    assert sent == [first, " The capital of France is Paris,", " a city of lights, art and very good food."]

@@ -9,6 +9,11 @@ phrase needs cutting.
 
 ``SpeechPace`` learns the TTS's real-time factor and the speech length of a word from what it
 has synthesized, and cuts a phrase into pieces that fit the lead (at a comma when there is one).
+
+A synthesis cannot be paused (one ONNX run), so while other units' work waits in the compute
+queue a piece is also cut to CONTENDED_PIECE_SECONDS of compute: at pool 4 a 30-word sentence
+whose own client held 2-4 s of audio ran 1.4 s while another reply's client ran out of audio
+(BENCHMARKS.md 5h).
 """
 
 import re
@@ -17,6 +22,7 @@ import weakref
 
 MIN_PIECE_WORDS = 3  # shorter pieces sound clipped and cost Kokoro's fixed time again
 SMOOTHING = 0.3  # weight of the newest measurement in the running estimates
+CONTENDED_PIECE_SECONDS = 0.6  # the longest piece's compute while other work waits (BENCHMARKS.md 5h)
 _WORD = re.compile(r"\S+")
 
 
@@ -41,15 +47,19 @@ class SpeechPace:
             self.real_time_factor += SMOOTHING * (compute_seconds / audio_seconds - self.real_time_factor)
             self.seconds_per_word += SMOOTHING * (audio_seconds / words - self.seconds_per_word)
 
-    def next_piece(self, text, lead_seconds):
+    def next_piece(self, text, lead_seconds, contended=False):
         """Split ``text`` into (piece to synthesize now, rest). ``lead_seconds``: audio the client
         holds and has not played yet, or None before the reply's first audio (the first phrase
-        is already short: the LLM stage cuts it so). The piece is the whole text when it fits.
-        Concatenating the two gives back ``text``."""
+        is already short: the LLM stage cuts it so). ``contended``: other work waits for the
+        cores (the piece is then at most CONTENDED_PIECE_SECONDS of compute). The piece is the
+        whole text when it fits. Concatenating the two gives back ``text``."""
         words = list(_WORD.finditer(text))
         if lead_seconds is None or not words:
             return text, ""
-        budget = lead_seconds / (self.real_time_factor * self.seconds_per_word)
+        seconds = lead_seconds  # the compute the piece may take: what the client has left to play,
+        if contended:  # and no more than others should wait
+            seconds = min(seconds, CONTENDED_PIECE_SECONDS)
+        budget = seconds / (self.real_time_factor * self.seconds_per_word)
         fits = max(MIN_PIECE_WORDS, int(budget))
         if len(words) <= fits + 1:  # a lone last word is not worth its own synthesis
             return text, ""

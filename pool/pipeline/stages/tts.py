@@ -16,7 +16,9 @@ class TTSStage(Stage):
     closes each response, in the order the LLM produced them.
 
     A phrase longer than the client's unplayed audio lasts is spoken in pieces
-    (``pool.pipeline.pacing``), so the listener hears no gap while the next piece is synthesized.
+    (``pool.pipeline.pacing``), so the listener hears no gap while the next piece is synthesized;
+    so is a long phrase while other units' work waits in the compute queue, so that it does not
+    hold the cores while their clients run out of audio.
 
     Every unit's synthesis goes through the process's one deadline-first compute queue
     (``pool.pipeline.compute``), due at ``job.due()``: a reply's first phrase when the user
@@ -70,7 +72,7 @@ class TTSStage(Stage):
         if not rest.strip():
             self._send(ctx, job, rest, [], 0.0, 0.0)
         while rest.strip() and not job.cancelled.is_set():
-            piece, rest = self._pace.next_piece(rest, job.held_seconds())
+            piece, rest = self._pace.next_piece(rest, job.held_seconds(), contended=self._queue.pending() > 0)
             if not self._speak(ctx, job, piece):
                 return
         job.phrase_spoken()
