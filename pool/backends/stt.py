@@ -86,7 +86,7 @@ class WhisperSTT:
         as one batch and decoded greedily together, one decode per prompt length (CTranslate2
         wants <|startoftranscript|> at one position in a batch): each gets the transcript it
         would get alone (a runaway decode is cut at the longest turn's bound), four 4-5 s turns
-        in 0.75-0.85x the time of one after the other (BENCHMARKS.md 5g). A turn of another window is
+        in 0.74-0.84x the time of one after the other (BENCHMARKS.md 5g). A turn of another window is
         encoded apart (padded to a longer one, its words could change); audio over
         SHORT_WINDOW_MAX_SECONDS takes faster-whisper's 30 s path, alone."""
         results = [None] * len(turns)

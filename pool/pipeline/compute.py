@@ -17,7 +17,7 @@ what a waiting user hears first is one phrase.
 ``transcribe_batch``). A worker that takes such a call takes every other waiting call of the same
 ``batch`` with it (up to MAX_BATCH) and runs them as one: when several turns end together, their
 speculative transcriptions queue behind the first, and one encode and decode of all of them
-costs 0.75-0.85x of one after the other (BENCHMARKS.md, section 5g).
+costs 0.74-0.84x of one after the other (BENCHMARKS.md, section 5g).
 
 **Speculative work runs in the background lane** (``background=True``, ``COMPUTE_BACKGROUND``).
 One model run cannot be paused (an ONNX run of a phrase takes most of a second), so with one
