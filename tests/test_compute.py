@@ -89,6 +89,21 @@ def test_cancel_takes_queued_work_out_at_once_and_it_never_runs():
     assert gate.ran == ["running", "kept"]
 
 
+def test_only_work_due_at_some_time_counts_as_due_waiting():
+    # A TTS piece is cut short while work a user waits for is queued, not for speculative work.
+    queue, gate, first = busy_queue()
+    job = m.ResponseJob("resp_spec", None, "audio", "alloy", 1.0, None, speculative=True)
+    job.marks.speech_stopped = time.perf_counter()
+    waiting = [queue.submit(WHENEVER, gate, "speculative"), queue.submit(job.due, gate, "a speculative reply")]
+    assert queue.pending() == 2 and queue.due_waiting() == 0
+    job.adopt()
+    assert queue.due_waiting() == 1
+    waiting.append(queue.submit(2.0, gate, "another unit's later phrase"))
+    assert queue.due_waiting() == 2
+    gate.release()
+    [f.result(5) for f in (first, *waiting)]
+
+
 def test_an_error_reaches_the_caller_and_the_queue_goes_on():
     queue = ComputeQueue("test")
 

@@ -73,7 +73,7 @@ def _speak(phrases, seconds_per_char, real_time_factor=1.0, contended=False):
     stage._pace = SpeechPace(real_time_factor=real_time_factor, seconds_per_word=0.35)
     if contended:
         stage._pace.observe = lambda *measured: None  # the scripted TTS's speed is not the point here
-        stage._queue.pending = lambda: 1  # this test's own queue (one per Backends)
+        stage._queue.due_waiting = lambda: 1  # this test's own queue (one per Backends)
     events = queue.Queue()
     ctx = m.SessionContext(events.put)
     job = m.ResponseJob("resp_1", LLMRequest([], 10), "audio", "alloy", 1.0,

@@ -151,6 +151,13 @@ class ComputeQueue:
         with self._ready:
             return len(self._waiting)
 
+    def due_waiting(self):
+        """How many waiting calls are due at some time: not speculative work (due never, which a
+        running call keeps from nothing a user waits for), but an adopted one (its deadline
+        moved up)."""
+        with self._ready:
+            return sum(1 for call in self._waiting.values() if call.rank()[0] != WHENEVER)
+
     def _forget(self, future):
         if future.cancelled():
             with self._ready:

@@ -72,7 +72,7 @@ class TTSStage(Stage):
         if not rest.strip():
             self._send(ctx, job, rest, [], 0.0, 0.0)
         while rest.strip() and not job.cancelled.is_set():
-            piece, rest = self._pace.next_piece(rest, job.held_seconds(), contended=self._queue.pending() > 0)
+            piece, rest = self._pace.next_piece(rest, job.held_seconds(), contended=self._queue.due_waiting() > 0)
             if not self._speak(ctx, job, piece):
                 return
         job.phrase_spoken()
