@@ -2,6 +2,7 @@
 audio, and the TTS stage speaks it in those pieces."""
 
 import queue
+import threading
 import time
 
 from hypothesis import given
@@ -13,6 +14,8 @@ from pool.pipeline import messages as m
 from pool.pipeline.pacing import MIN_PIECE_WORDS, SpeechPace
 from pool.pipeline.stages.tts import TTSStage
 from realtime.audio import OutputAudioEncoder
+
+from .helpers import wait_for
 
 SENTENCE = " The capital of France is Paris, a city of lights, art and very good food."
 
@@ -116,3 +119,46 @@ def test_the_tts_stage_cuts_a_long_phrase_while_other_units_work_waits():
     assert _speak([first, SENTENCE], seconds_per_char=0.2, real_time_factor=0.2) == [first, SENTENCE]
     sent = _speak([first, SENTENCE], seconds_per_char=0.2, real_time_factor=0.2, contended=True)
     assert sent == [first, " The capital of France is Paris,", " a city of lights, art and very good food."]
+
+
+def test_synthesis_may_wait_only_while_the_lead_outlasts_the_shortest_piece():
+    pace = SpeechPace(real_time_factor=0.5, seconds_per_word=0.4)  # 3 words: 0.6 s of compute
+    assert not pace.can_wait(None)  # nothing plays yet: a user waits for the first audio
+    assert not pace.can_wait(0.7)
+    assert pace.can_wait(2.0)
+
+
+def _undecided_job(lead_seconds):
+    """A reply whose client holds ``lead_seconds`` of audio, with user speech over it undecided."""
+    job = m.ResponseJob("resp_1", LLMRequest([], 10), "audio", "alloy", 1.0,
+                        OutputAudioEncoder({"type": "audio/pcm", "rate": 24000}))
+    job.audio_sent(lead_seconds)
+    job.overlap_undecided.set()
+    return job
+
+
+def test_while_speech_over_the_reply_is_undecided_synthesis_waits_if_the_lead_allows():
+    from pool.backends.scripted import SCRIPT
+
+    SCRIPT.reset()
+    stage = TTSStage(Backends(None, None, None, ScriptedTTS()))
+    stage._pace = SpeechPace(real_time_factor=0.5, seconds_per_word=0.4)  # can_wait: a lead over 0.85 s
+    stage._pace.observe = lambda *measured: None  # the scripted TTS's speed is not the point here
+    events = queue.Queue()
+    job = _undecided_job(lead_seconds=30.0)
+    speaking = threading.Thread(target=stage.handle, args=(m.SessionContext(events.put), m.Phrase(job, SENTENCE)))
+    try:
+        speaking.start()
+        assert not wait_for(lambda: SCRIPT.tts_texts, timeout=0.3)  # the peeks have the cores
+        job.overlap_undecided.clear()  # a backchannel: the reply goes on
+        assert wait_for(lambda: SCRIPT.tts_texts == [SENTENCE.strip()])
+        speaking.join(5)
+        # With too little lead left to wait, it speaks at once, undecided or not.
+        short = _undecided_job(lead_seconds=0.5)
+        stage.handle(m.SessionContext(events.put), m.Phrase(short, SENTENCE))
+        assert len(SCRIPT.tts_texts) > 1
+    finally:
+        job.cancelled.set()
+        speaking.join(5)
+        stage.stop()
+        SCRIPT.reset()

@@ -186,6 +186,33 @@ async def test_a_backchannel_neither_interrupts_nor_starts_a_turn_and_a_real_int
     await client.ws.disconnect()
 
 
+async def test_while_speech_over_the_reply_is_undecided_the_reply_synthesizes_nothing_it_can_wait_for(connect):
+    """The peeks that decide whether the reply stops get the cores: between the first peek and
+    the verdict the TTS starts no synthesis while the client holds seconds of audio. The reply
+    writes a phrase every 0.3 s, each 1.2-2.4 s of speech, so without the wait the peeks would
+    find new phrases synthesized between them."""
+    synthesized_at_peeks = []
+
+    def peeked(audio):
+        synthesized_at_peeks.append(len(SCRIPT.tts_texts))
+        return by_length(audio)
+
+    SCRIPT.transcript = by_length
+    SCRIPT.peek_transcript = peeked
+    SCRIPT.token_delay = 0.3
+    SCRIPT.seconds_per_char = 0.3
+    SCRIPT.reply = " ".join(f"Phrase {n}." for n in range(40))
+    client = await session(connect)
+    await ask_by_text(client)
+    await client.until("response.output_audio.delta", timeout=30)
+    await asyncio.sleep(1.0)  # the client holds several seconds of audio
+    await stream(client, jfk_segment(*LONG))  # heard as "mm-hmm" until 1.6 s, then a request
+    done = await client.until("response.done", timeout=30)
+    assert (done["response"]["status"], done["response"]["status_details"]["reason"]) == ("cancelled", "turn_detected")
+    assert len(synthesized_at_peeks) >= 3 and len(set(synthesized_at_peeks)) == 1, synthesized_at_peeks
+    await client.ws.disconnect()
+
+
 @pytest.mark.parametrize("likeness, interrupted", [(-0.4, False), (-6.0, True)])
 async def test_words_whisper_misheard_in_a_backchannel_sound_like_one_and_leave_the_reply_alone(
         connect, likeness, interrupted):

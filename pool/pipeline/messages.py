@@ -161,6 +161,10 @@ class ResponseJob(UnitInput):
     # (``adopt``) when the turn commits with the same words; until then its work is due never.
     speculative: bool = False
     adopted: threading.Event = field(default_factory=threading.Event)
+    # Set while user speech over this reply is undecided (``realtime.session.turns``): the TTS
+    # then starts no synthesis the client's audio can wait for, so that the peeks that decide
+    # whether the reply stops have the cores (``pool.pipeline.stages.tts``).
+    overlap_undecided: threading.Event = field(default_factory=threading.Event)
     # What the client plays of this reply, on the compute queue's clock: each piece after the
     # last, from when it arrives. A client whose audio ran out (a stall) starts again at the
     # next piece, so its audio runs out next at that piece's end, not at its first delta plus

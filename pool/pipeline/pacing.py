@@ -23,6 +23,7 @@ import weakref
 MIN_PIECE_WORDS = 3  # shorter pieces sound clipped and cost Kokoro's fixed time again
 SMOOTHING = 0.3  # weight of the newest measurement in the running estimates
 CONTENDED_PIECE_SECONDS = 0.6  # the longest piece's compute while other work waits (BENCHMARKS.md 5h)
+WAIT_MARGIN_SECONDS = 0.25  # lead kept beyond a piece's estimated compute when synthesis waits (can_wait)
 _WORD = re.compile(r"\S+")
 
 
@@ -46,6 +47,15 @@ class SpeechPace:
         with self._lock:
             self.real_time_factor += SMOOTHING * (compute_seconds / audio_seconds - self.real_time_factor)
             self.seconds_per_word += SMOOTHING * (audio_seconds / words - self.seconds_per_word)
+
+    def can_wait(self, lead_seconds):
+        """Whether the next piece may start later and still be ready before the client's
+        ``lead_seconds`` of audio run out: the lead is longer than the shortest piece
+        (MIN_PIECE_WORDS) takes to synthesize, by WAIT_MARGIN_SECONDS. False before the reply
+        plays (None)."""
+        if lead_seconds is None:
+            return False
+        return lead_seconds > self.real_time_factor * self.seconds_per_word * MIN_PIECE_WORDS + WAIT_MARGIN_SECONDS
 
     def next_piece(self, text, lead_seconds, contended=False):
         """Split ``text`` into (piece to synthesize now, rest). ``lead_seconds``: audio the client

@@ -219,6 +219,9 @@ class RealtimeSession:
                 self._turn_timer = asyncio.get_running_loop().call_later(decision.seconds, self._decide_again)
             elif isinstance(decision, turns.CatchUp):
                 self._ask_catch_up()
+        if self.response is not None:  # the peeks' cores (pool.pipeline.stages.tts)
+            undecided = self.response.job.overlap_undecided
+            undecided.set() if self.turns.undecided else undecided.clear()
         self._arm_idle_timer()
 
     def _arm_idle_timer(self):

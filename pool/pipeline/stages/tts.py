@@ -1,5 +1,6 @@
 """The TTS stage: speech for each phrase, sent in deltas; function calls and response ends in order."""
 
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
 
 import numpy as np
@@ -18,7 +19,8 @@ class TTSStage(Stage):
     A phrase longer than the client's unplayed audio lasts is spoken in pieces
     (``pool.pipeline.pacing``), so the listener hears no gap while the next piece is synthesized;
     so is a long phrase while other units' work waits in the compute queue, so that it does not
-    hold the cores while their clients run out of audio.
+    hold the cores while their clients run out of audio. While user speech over the reply is
+    undecided, no synthesis starts that the client's audio can wait for (``_yield_to_peeks``).
 
     Every unit's synthesis goes through the process's one deadline-first compute queue
     (``pool.pipeline.compute``), due at ``job.due()``: a reply's first phrase when the user
@@ -72,10 +74,21 @@ class TTSStage(Stage):
         if not rest.strip():
             self._send(ctx, job, rest, [], 0.0, 0.0)
         while rest.strip() and not job.cancelled.is_set():
+            self._yield_to_peeks(ctx, job)
             piece, rest = self._pace.next_piece(rest, job.held_seconds(), contended=self._queue.due_waiting() > 0)
             if not self._speak(ctx, job, piece):
                 return
         job.phrase_spoken()
+
+    def _yield_to_peeks(self, ctx, job):
+        """While user speech over this reply is undecided (``job.overlap_undecided``), start no
+        synthesis the client's audio can wait for (``SpeechPace.can_wait``): the peeks that
+        decide whether the reply stops then have the cores (beside a Kokoro run a peek's Whisper
+        took 1.5-2x its time alone: BENCHMARKS.md 14n, 14o), and a reply the speech stops wastes
+        no synthesis. A run already under way goes on."""
+        while (job.overlap_undecided.is_set() and not job.cancelled.is_set() and not ctx.closed
+               and self._pace.can_wait(job.held_seconds())):
+            time.sleep(self.CANCEL_POLL_SECONDS)
 
     def _speak(self, ctx, job, text):
         """Synthesize ``text`` and send it; False when the response or session ended meanwhile."""
