@@ -38,6 +38,9 @@ CUES = frozenset(DEFAULTS["INTERRUPTION_WORDS"])
     ("Well... Well", -5.3, False),  # Whisper's "Wow" at 320 ms voiced (kokoro bf_emma, the tune part)
     ("Well, I meant Tuesday.", -4.0, True),  # a user who goes on
     ("Tell me more", None, True),  # not scored: the words decide
+    # A request's words a short phrase cannot explain, at a backchannel's likeness (held out, 14q)
+    ("Time is the pharmacy open tomorrow.", -1.1, True),
+    ("In the chain.", -0.6, False), ("Ha, ha, ha, ha.", -0.7, False),  # three words at most, none new
 ])
 def test_a_peek_interrupts_on_a_cue_or_on_words_that_sound_like_no_backchannel(heard, likeness, expected):
     backchannels = frozenset(DEFAULTS["BACKCHANNEL_WORDS"])

@@ -64,6 +64,13 @@ _HUM = re.compile(r"^[mhnu]*[mh][mhnu]*s?$")
 # A Latin-script "word" without a vowel is a fragment Whisper wrote for a sound ("Sh", "D", "Mmm"),
 # not a word said.
 _FRAGMENT = re.compile(r"^[b-df-hj-np-tv-xz]+$")
+# Distinct words other than backchannels that no likeness excuses: a backchannel phrase has at
+# most three words ("Ha ha ha.", "I see."), and a likeness is a mean per token, blind to how
+# much of the speech a short phrase leaves unsaid (a held-out "What time does the pharmacy open
+# tomorrow?" heard "Time is the pharmacy open tomorrow." at -1.1 was dropped as a backchannel).
+# Whisper's words for a hum or a laugh in the corpus's tune part have 1-3 such words at a
+# backchannel's likeness (BENCHMARKS.md, section 14q).
+SAID_WORDS = 4
 _OUTPUT = (m.ResponseText, m.ResponseAudio, m.ResponseFunctionCall, m.ResponseFinished)
 
 
@@ -157,15 +164,17 @@ def interrupts(peeked, backchannel_words, likeness=None, threshold=None, cues=fr
     the words alone decide). Whisper tiny.en writes a listener's "mm-hmm" or "uh-huh" in a voice
     it has not heard as other words ("I'm Emm Hong.", "Dye her"), which the likeness sees
     through; a short "Wait" peeked at after 300 ms may sound like "Wow", which its cue does not.
+    SAID_WORDS distinct words other than backchannels interrupt however like one they sound.
     The peek's last word may be cut off ("Yeah, f-") and is then not counted, unless the peek is
     of the ``whole`` utterance (its speech had ended: "And not-" is "and not"); nor are
     fragments without a vowel ("Sh", "D")."""
     if heard_cue(peeked, cues, whole):
         return True
     said = [w for w in _peeked_words(peeked, whole) if not _FRAGMENT.match(w)]
-    if not said or all(w in backchannel_words or _HUM.match(w) for w in said):
+    other = {w for w in said if w not in backchannel_words and not _HUM.match(w)}
+    if not other:
         return False
-    return likeness is None or threshold is None or likeness < threshold
+    return likeness is None or threshold is None or likeness < threshold or len(other) >= SAID_WORDS
 
 
 def heard_cue(peeked, cues, whole=False):
