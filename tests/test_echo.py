@@ -187,6 +187,26 @@ def test_a_voice_that_resembles_the_playback_then_talks_alone_keeps_its_words(ba
     assert abs(20 * np.log10(active_rms(said, 16_000) / active_rms(sent, 16_000))) < 0.5
 
 
+@pytest.mark.parametrize("gain", [0.1, 1.0])
+def test_a_first_word_like_the_playback_on_a_microphone_without_echo_is_speech(backends, reply, gain):
+    """A client on headphones plays the reply for 2 s; its microphone hears nothing of it. Then
+    the user speaks, and their first 300 ms resemble the playback (here: the playback itself,
+    150 ms late, under the voice; live, af_sarah's "What" against af_alloy by chance). A
+    microphone that did not follow the playback through seconds of it has no echo path: the
+    speech starts with its first word (before, that word was dropped as echo and the speech
+    started 350-500 ms later, without it)."""
+    user = load_audio(HOTWORDS)
+    user = user * (0.1 / active_rms(user))
+    mic = np.zeros(len(reply), np.float32)
+    at, length, late = 2 * RATE, RATE * 3 // 10, RATE * 150 // 1000
+    mic[at:at + len(user)] = user[: len(mic) - at]
+    mic[at:at + length] = reply[at - late:at - late + length] * gain + user[:length] * 0.3
+    events = listen(backends, mic, reply)
+    [started, *_] = [e for e in events if isinstance(e, m.SpeechStarted)]
+    assert started.audio_start_ms <= 2000  # the first word is in it (with its prefix padding)
+    assert not [e for e in events if isinstance(e, m.EchoRemoved)]
+
+
 def test_what_sounds_like_the_playback(reply):
     """echo.similarity: the playback, late and through a room, scores high; pink noise (a fan),
     or a near-silent stretch of the playback, scores low - a noisy microphone is not taken for

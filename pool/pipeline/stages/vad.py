@@ -66,6 +66,13 @@ ECHO_AGREED_DELAY_MS = 50
 # of likeness straddling two of 400 ms made their median at the start of a reply.
 ECHO_CONFIRM_MS = 2000
 ECHO_CONFIRM_WINDOW_MS = 200
+# A microphone that did not follow the playback through this much of it audible (its windows
+# before the last ECHO_CHECK_MS, lower median under ECHO_AGREED_SIMILARITY) has no echo path: a
+# sound that then resembles the playback is a voice. One chance match of af_sarah's "What"
+# against af_alloy dropped it as echo, and the user's first word was lost (BENCHMARKS.md 14r).
+# Shorter than this, early in a reply, the echo is judged as before (an echo's first check there
+# scored 0.149 on 0.2 s of microphone, 14f).
+ECHO_ABSENT_MS = 600
 
 
 @dataclass
@@ -263,7 +270,8 @@ class VADStage(Stage):
         ECHO_DELAY_AGREE_MS) on audio of its own (ECHO_CHECK_MS later: the checks overlap, and
         one stretch of voice must not confirm itself), if the microphone followed the playback at
         that delay before it (``_follows_playback``): the canceller runs from then on
-        (``echo_found``)."""
+        (``echo_found``). Until then, no match counts on a microphone that did not follow the
+        playback before this check (``_no_echo_path``)."""
         state, heard = self._in, self._in.raw[-ECHO_CHECK_MS * SPEECH_RATE // 1000:]
         if not len(heard) or float(np.sqrt(np.mean(heard ** 2))) < SOUND_RMS:
             # Near silence: nothing to compare; once the echo is known, what the VAD took for
@@ -276,6 +284,8 @@ class VADStage(Stage):
         score, offset = best_match(heard, reference)
         delay = (span - offset - len(heard)) / SPEECH_RATE - ECHO_LEAD_MS / 1000
         if score >= ECHO_SURE_SIMILARITY:
+            if not state.echo_found and self._no_echo_path(ctx, end, delay):
+                return False  # a voice like the playback by chance
             state.echo_found = state.echo_found or self._follows_playback(ctx, end, delay)
             return True
         # Every weak match of the last ECHO_MATCHES_S is kept: the delay a reverberant echo is
@@ -287,6 +297,8 @@ class VADStage(Stage):
             if score < ECHO_AGREED_SIMILARITY or not any(abs(delay - d) * 1000 <= ECHO_AGREED_DELAY_MS
                                                          for d, _ in state.echo_matches):
                 return False
+        if not state.echo_found and self._no_echo_path(ctx, end, delay):
+            return False
         if any(abs(delay - d) * 1000 <= ECHO_DELAY_AGREE_MS and (end - e) * 1000 >= ECHO_CHECK_MS
                for d, e in state.echo_matches):
             state.echo_found = state.echo_found or self._follows_playback(ctx, end, delay)
@@ -303,7 +315,26 @@ class VADStage(Stage):
     def _playback_likeness(self, ctx, end, delay):
         """``_follows_playback``'s lower median, 0.0 to 1.0 (0.0: the playback was not audible).
         Early in a reply the microphone holds less than one window: then it is the one."""
-        heard = self._in.raw  # not empty: _hears_playback returned before
+        scores = self._window_likenesses(ctx, self._in.raw, end, delay)  # raw: not empty (_hears_playback)
+        return _lower_median(scores) if scores else 0.0
+
+    def _no_echo_path(self, ctx, end, delay):
+        """Whether the microphone before its last ECHO_CHECK_MS (captured up to ``end`` minus
+        that) did not follow the playback ``delay`` seconds late through ECHO_ABSENT_MS of it
+        audible: the lower median of those windows is under ECHO_AGREED_SIMILARITY."""
+        check = ECHO_CHECK_MS * SPEECH_RATE // 1000
+        before = self._in.raw[:-check]
+        window = ECHO_CONFIRM_WINDOW_MS * SPEECH_RATE // 1000
+        if len(before) < window:
+            return False
+        scores = self._window_likenesses(ctx, before, end - check / SPEECH_RATE, delay)
+        return len(scores) * ECHO_CONFIRM_WINDOW_MS >= ECHO_ABSENT_MS and _lower_median(scores) < ECHO_AGREED_SIMILARITY
+
+    @staticmethod
+    def _window_likenesses(ctx, heard, end, delay):
+        """The match of each ECHO_CONFIRM_WINDOW_MS window of ``heard`` (captured up to ``end``,
+        monotonic seconds) against the playback ``delay`` seconds earlier (within
+        ECHO_AGREED_DELAY_MS), of the windows in which the playback was audible, newest first."""
         window = min(len(heard), ECHO_CONFIRM_WINDOW_MS * SPEECH_RATE // 1000)
         tolerance = ECHO_AGREED_DELAY_MS * SPEECH_RATE // 1000
         scores = []
@@ -312,7 +343,7 @@ class VADStage(Stage):
             reference = ctx.playback.reference(start, window + 2 * tolerance)
             if float(np.sqrt(np.mean(reference ** 2))) >= SOUND_RMS:  # a pause of the reply says nothing
                 scores.append(best_match(heard[stop - window:stop], reference)[0])
-        return sorted(scores)[(len(scores) - 1) // 2] if scores else 0.0
+        return scores
 
     def _echo_heard(self, ctx, removed):
         """Follow the stretches of echo removed: ``removed`` says whether the last append was
@@ -476,3 +507,7 @@ class VADStage(Stage):
         ctx.emit(m.InputCommitted(item_id, _ms(len(audio)), event_id))
         self._stt_inbox.put((ctx, m.Transcribe(item_id, audio, state.language, speech.speculated if speech else None,
                                                state.prompt)))
+
+
+def _lower_median(scores):
+    return sorted(scores)[(len(scores) - 1) // 2]
