@@ -40,7 +40,8 @@ CUES = frozenset(DEFAULTS["INTERRUPTION_WORDS"])
     ("Tell me more", None, True),  # not scored: the words decide
     # A request's words a short phrase cannot explain, at a backchannel's likeness (held out, 14q)
     ("Time is the pharmacy open tomorrow.", -1.1, True),
-    ("In the chain.", -0.6, False), ("Ha, ha, ha, ha.", -0.7, False),  # three words at most, none new
+    ("In the chain.", -0.6, False), ("Ha, ha, ha, ha.", -0.7, False),  # Whisper's words for a hum or a laugh
+    ("Can be a chin", -1.1, False),  # four, once (held out, 14q)
 ])
 def test_a_peek_interrupts_on_a_cue_or_on_words_that_sound_like_no_backchannel(heard, likeness, expected):
     backchannels = frozenset(DEFAULTS["BACKCHANNEL_WORDS"])
