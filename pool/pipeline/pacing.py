@@ -11,9 +11,9 @@ phrase needs cutting.
 has synthesized, and cuts a phrase into pieces that fit the lead (at a comma when there is one).
 
 A synthesis cannot be paused (one ONNX run), so while other units' work waits in the compute
-queue (work that is due: speculative work waits for nothing a user hears) a piece is also cut to CONTENDED_PIECE_SECONDS of compute: at pool 4 a 30-word sentence
-whose own client held 2-4 s of audio ran 1.4 s while another reply's client ran out of audio
-(BENCHMARKS.md 5h).
+queue (work that is due: speculative work waits for nothing a user hears) a piece is also cut
+to CONTENDED_PIECE_SECONDS of compute: at pool 4 a 30-word sentence whose own client held 2-4 s
+of audio ran 1.4 s while another reply's client ran out of audio (BENCHMARKS.md 5h).
 """
 
 import re
@@ -60,9 +60,9 @@ class SpeechPace:
     def next_piece(self, text, lead_seconds, contended=False):
         """Split ``text`` into (piece to synthesize now, rest). ``lead_seconds``: audio the client
         holds and has not played yet, or None before the reply's first audio (the first phrase
-        is already short: the LLM stage cuts it so). ``contended``: other work that is due waits for
-        the cores (the piece is then at most CONTENDED_PIECE_SECONDS of compute). The piece is the
-        whole text when it fits. Concatenating the two gives back ``text``."""
+        is already short: the LLM stage cuts it so). ``contended``: other work that is due
+        waits for the cores (the piece is then at most CONTENDED_PIECE_SECONDS of compute). The
+        piece is the whole text when it fits. Concatenating the two gives back ``text``."""
         words = list(_WORD.finditer(text))
         if lead_seconds is None or not words:
             return text, ""
