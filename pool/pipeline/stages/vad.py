@@ -66,6 +66,17 @@ ECHO_AGREED_DELAY_MS = 50
 # of likeness straddling two of 400 ms made their median at the start of a reply.
 ECHO_CONFIRM_MS = 2000
 ECHO_CONFIRM_WINDOW_MS = 200
+# No match is made on less microphone than one such window, nor at a delay that leaves less than
+# ECHO_MIN_PLAYED_MS of sound played to match it against: over a few tens of ms, a normalised
+# correlation finds 0.35 or more between any two voices at one of the hundreds of delays it tries.
+# A reply's first probe, on 30 ms of a voice that began before the reply, took the playback for
+# echo at once, and the canceller took seconds of words from a microphone that heard no echo at
+# all (an e2e "what your country can"; 17 and 21 of 270 offsets of a voice and a reply in a scan,
+# BENCHMARKS.md 14s); so did a match at a delay reaching back before the reply began (40 ms of it).
+# An echo is announced as speech 160-250 ms after it begins: asking for 200 ms of playback there
+# missed the echo of a reply's first words (bench.double_talk: echo alone heard 2 -> 3 and 5 of 8).
+ECHO_MIN_HEARD_MS = ECHO_CONFIRM_WINDOW_MS
+ECHO_MIN_PLAYED_MS = 100
 # A microphone that did not follow the playback through this much of it audible (its windows
 # before the last ECHO_CHECK_MS, lower median under ECHO_AGREED_SIMILARITY) has no echo path: a
 # sound that then resembles the playback is a voice. One chance match of af_sarah's "What"
@@ -273,16 +284,21 @@ class VADStage(Stage):
         (``echo_found``). Until then, no match counts on a microphone that did not follow the
         playback before this check (``_no_echo_path``)."""
         state, heard = self._in, self._in.raw[-ECHO_CHECK_MS * SPEECH_RATE // 1000:]
-        if not len(heard) or float(np.sqrt(np.mean(heard ** 2))) < SOUND_RMS:
+        # Delays from -ECHO_LEAD_MS (the input's clock may run a little ahead of the capture) up
+        # to ECHO_DELAY_MS, and none that leaves less than ECHO_MIN_PLAYED_MS of sound played.
+        span = len(heard) + (ECHO_DELAY_MS + ECHO_LEAD_MS) * SPEECH_RATE // 1000
+        reference = ctx.playback.reference(end + ECHO_LEAD_MS / 1000 - span / SPEECH_RATE, span)
+        played = np.flatnonzero(np.abs(reference) >= SOUND_RMS)
+        least = ECHO_MIN_PLAYED_MS * SPEECH_RATE // 1000
+        reference = reference[max(0, played[0] + least - len(heard)):] if len(played) else reference[:0]
+        if len(heard) < ECHO_MIN_HEARD_MS * SPEECH_RATE // 1000 or len(reference) < len(heard):
+            return False  # too little of an echo could be there yet: a sound now is not one
+        if float(np.sqrt(np.mean(heard ** 2))) < SOUND_RMS:
             # Near silence: nothing to compare; once the echo is known, what the VAD took for
             # speech in it is the echo's remains while the canceller learns the room.
             return state.echo_found
-        # Delays from -ECHO_LEAD_MS (the input's clock may run a little ahead of the capture)
-        # up to ECHO_DELAY_MS.
-        span = len(heard) + (ECHO_DELAY_MS + ECHO_LEAD_MS) * SPEECH_RATE // 1000
-        reference = ctx.playback.reference(end + ECHO_LEAD_MS / 1000 - span / SPEECH_RATE, span)
         score, offset = best_match(heard, reference)
-        delay = (span - offset - len(heard)) / SPEECH_RATE - ECHO_LEAD_MS / 1000
+        delay = (len(reference) - offset - len(heard)) / SPEECH_RATE - ECHO_LEAD_MS / 1000
         if score >= ECHO_SURE_SIMILARITY:
             if not state.echo_found and self._no_echo_path(ctx, end, delay):
                 return False  # a voice like the playback by chance
@@ -313,8 +329,7 @@ class VADStage(Stage):
         return self._playback_likeness(ctx, end, delay) >= ECHO_AGREED_SIMILARITY
 
     def _playback_likeness(self, ctx, end, delay):
-        """``_follows_playback``'s lower median, 0.0 to 1.0 (0.0: the playback was not audible).
-        Early in a reply the microphone holds less than one window: then it is the one."""
+        """``_follows_playback``'s lower median, 0.0 to 1.0 (0.0: the playback was not audible)."""
         scores = self._window_likenesses(ctx, self._in.raw, end, delay)  # raw: not empty (_hears_playback)
         return _lower_median(scores) if scores else 0.0
 
