@@ -67,12 +67,14 @@ ECHO_AGREED_DELAY_MS = 50
 ECHO_CONFIRM_MS = 2000
 ECHO_CONFIRM_WINDOW_MS = 200
 # No match is made on less microphone than one such window, nor at a delay that leaves less than
-# ECHO_MIN_PLAYED_MS of sound played to match it against: over a few tens of ms, a normalised
-# correlation finds 0.35 or more between any two voices at one of the hundreds of delays it tries.
-# A reply's first probe, on 30 ms of a voice that began before the reply, took the playback for
-# echo at once, and the canceller took seconds of words from a microphone that heard no echo at
-# all (an e2e "what your country can"; 17 and 21 of 270 offsets of a voice and a reply in a scan,
-# BENCHMARKS.md 14s); so did a match at a delay reaching back before the reply began (40 ms of it).
+# ECHO_MIN_PLAYED_MS of sound played to match it against, and the windows that confirm one are
+# windows the playback had been sounding before (``_window_likenesses``): over a few tens of ms,
+# a normalised correlation finds 0.35 or more between any two voices at one of the hundreds of
+# delays it tries. A reply's first probe, on 30 ms of a voice that began before the reply, took
+# the playback for echo at once, and the canceller took seconds of words from a microphone that
+# heard no echo at all (an e2e "what your country can"; 17 and 21 of 270 offsets of a voice and
+# a reply in a scan, BENCHMARKS.md 14s); so did matches at delays reaching back to the reply's
+# start (40 and 107 ms of it played), confirmed by the one window they were made on.
 # An echo is announced as speech 160-250 ms after it begins: asking for 200 ms of playback there
 # missed the echo of a reply's first words (bench.double_talk: echo alone heard 2 -> 3 and 5 of 8).
 ECHO_MIN_HEARD_MS = ECHO_CONFIRM_WINDOW_MS
@@ -349,14 +351,17 @@ class VADStage(Stage):
     def _window_likenesses(ctx, heard, end, delay):
         """The match of each ECHO_CONFIRM_WINDOW_MS window of ``heard`` (captured up to ``end``,
         monotonic seconds) against the playback ``delay`` seconds earlier (within
-        ECHO_AGREED_DELAY_MS), of the windows in which the playback was audible, newest first."""
+        ECHO_AGREED_DELAY_MS), of the windows in which the playback was audible and had been in the
+        window before (a window the reply began in is a match on part of it, and scores like a
+        short one: ECHO_MIN_HEARD_MS), newest first."""
         window = min(len(heard), ECHO_CONFIRM_WINDOW_MS * SPEECH_RATE // 1000)
         tolerance = ECHO_AGREED_DELAY_MS * SPEECH_RATE // 1000
         scores = []
         for stop in range(len(heard), window - 1, -window):
             start = end - (len(heard) - stop + window) / SPEECH_RATE - delay - tolerance / SPEECH_RATE
-            reference = ctx.playback.reference(start, window + 2 * tolerance)
-            if float(np.sqrt(np.mean(reference ** 2))) >= SOUND_RMS:  # a pause of the reply says nothing
+            played = ctx.playback.reference(start - window / SPEECH_RATE, 2 * window + 2 * tolerance)
+            before, reference = played[:window], played[window:]
+            if min(float(np.sqrt(np.mean(before ** 2))), float(np.sqrt(np.mean(reference ** 2)))) >= SOUND_RMS:
                 scores.append(best_match(heard[stop - window:stop], reference)[0])
         return scores
 
