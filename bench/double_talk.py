@@ -17,7 +17,11 @@ scripted STT, a client that plays Kokoro's story (``bench.interruptions.STORY``,
   interruptions and requests in a row (about 10 s), from 0.5 s and 2.0 s into the story,
   clean and in pink noise at 20 dB SNR; **false start**: the canceller started;
 - **echo**: the story through each echo path of the corpus, for 8 s, clean and at 20 dB SNR;
-  **found**: the canceller started, and when; **false speech**: a ``SpeechStarted``.
+  **found**: the canceller started, and when; **false speech**: a ``SpeechStarted``;
+- **begun over** (no echo): a human recording already under way when the story begins, the
+  microphone starting every 0.1 s into it, the story from its start, 1.5 s and 3 s in; **hit**:
+  the canceller started or speech was removed as echo (a reply's first probe, on 30 ms of such a
+  voice, took it for the playback: an e2e JFK lost "what your country can", BENCHMARKS.md 14s).
 
 The split is the corpus's (``bench.interruption_corpus``): voices and echo paths of ``tune`` set
 the rule, ``held_out`` reports it. ``--settings`` overrides the stage's echo constants
@@ -60,6 +64,8 @@ SENT_AT = 100.0  # the server's clock when it sent the reply (a fake monotonic c
 STARTS_S = (0.5, 2.0)  # where in the story a talker begins
 SNRS = (None, 20.0)
 ECHO_S = 8.0
+BEGUN_STEP_S = 0.1  # begun over: where in the recording the microphone starts, every this often
+BEGUN_REPLY_S = (0.0, 1.5, 3.0)  # begun over: where in the story the reply starts
 
 
 def listen(backends, mic, reply, keeps_audio=True, latency_s=0.06, stt_inbox=None, step_ms=40, on_append=None):
@@ -146,7 +152,7 @@ def run(backends, renderer, reply, split):
         vad.VADStage._playback_likeness = playback_likeness
     rows = []
     try:
-        def one(row, mic):
+        def one(row, mic, played=reply):
             probes.clear()
             likenesses.clear()
             found = []
@@ -155,7 +161,7 @@ def run(backends, renderer, reply, split):
                 if stage._in.echo_found and not found:
                     found.append(seconds)
 
-            events = listen(backends, mic, reply, step_ms=20, on_append=follow)
+            events = listen(backends, mic, played, step_ms=20, on_append=follow)
             row.update(found_s=found[0] if found else None,
                        removed_ms=sum(e.end_ms - e.start_ms for e in events if isinstance(e, m.EchoRemoved)),
                        speech_started=[e.audio_start_ms for e in events if isinstance(e, m.SpeechStarted)],
@@ -182,6 +188,14 @@ def run(backends, renderer, reply, split):
                 mic = echo_of(reply[: int(ECHO_S * RATE)], delay, gain, rt60)
                 mic += _noise(len(mic), snr, delay)
                 one({"kind": "echo", "name": f"{delay}ms {gain:g}dB RT60 {rt60}", "snr_db": snr}, mic)
+        for path, channel in sorted({(path, channel) for _, path, channel, *_, part in HUMAN if part == split}, key=str):
+            voice = recording(path, channel)
+            voice = voice * (Renderer.LEVEL / active_rms(voice))
+            name = f"human:{Path(path).stem}{'' if channel is None else f'#{channel}'}"
+            for into in np.arange(0.0, len(voice) / RATE - 1.5, BEGUN_STEP_S):
+                for reply_from in BEGUN_REPLY_S:
+                    one({"kind": "begun_over", "name": name, "into_s": round(float(into), 1), "reply_from_s": reply_from},
+                        voice[int(into * RATE):], reply[int(reply_from * RATE):])
     finally:
         vad.best_match = real_best_match
         if real_likeness is not None:
@@ -200,6 +214,8 @@ def summary(rows):
     removed from them (ms), echo paths found and when (seconds into the reply), echo taken for speech."""
     talk = [r for r in rows if r["kind"] == "talker"]
     echo = [r for r in rows if r["kind"] == "echo"]
+    begun = [r for r in rows if r["kind"] == "begun_over"]
+    hits = [r for r in begun if r["found_s"] is not None or r["removed_ms"]]
     found = sorted(r["found_s"] for r in echo if r["found_s"] is not None)
     return {
         "talkers": len(talk),
@@ -211,6 +227,10 @@ def summary(rows):
         "echo_found_at_s_p50": found[len(found) // 2] if found else None,
         "echo_found_at_s_max": found[-1] if found else None,
         "echo_false_speech": sum(bool(r["speech_started"]) for r in echo),
+        "begun_over": len(begun),
+        "begun_over_hits": len(hits),
+        "begun_over_ms_removed": sum(r["removed_ms"] for r in begun),
+        "begun_over_hit_cases": [f"{r['name']} from {r['into_s']}s, story from {r['reply_from_s']}s" for r in hits],
     }
 
 
