@@ -226,6 +226,36 @@ def test_a_voice_a_reply_begins_over_gets_the_turns_it_gets_alone(backends, user
         (type(e), getattr(e, "audio_start_ms", None), getattr(e, "audio_end_ms", None)) for e in alone]
 
 
+@pytest.fixture(scope="module")
+def story():
+    """Kokoro's story in the reply's voice (af_alloy), as bench.double_talk plays it."""
+    from bench.double_talk import story
+    from pool.backends.cache import default_paths
+    from pool.backends.tts import KokoroTTS
+
+    paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"])
+    return story(KokoroTTS(paths["tts_model"], paths["tts_voices"], threads=2))
+
+
+@pytest.mark.models
+def test_a_window_the_reply_began_in_confirms_no_echo(backends, story):
+    """The third route of the kind above, from bench.double_talk's "begun over" cases: JFK
+    under way (from 4.9 s) when Kokoro's story begins; at 0.55 s of microphone a match of 0.40
+    at a delay of 443 ms had 107 ms of the story played inside it, and the one window it could
+    be confirmed on held the story's first 90 ms and the silence before: the canceller started
+    and took 2.9 s of JFK. A window confirms an echo only where the playback sounded in the
+    window before it too."""
+    from bench.interruption_corpus import Renderer, active_rms
+
+    voice = load_audio(JFK)
+    user = (voice * (Renderer.LEVEL / active_rms(voice)))[int(4.9 * RATE):]
+    events = listen(backends, user, story, step_ms=20)
+    alone = listen(backends, user, np.zeros(0, np.float32), step_ms=20)
+    assert not [e for e in events if isinstance(e, m.EchoRemoved)]
+    assert [(type(e), getattr(e, "audio_start_ms", None)) for e in events] == [
+        (type(e), getattr(e, "audio_start_ms", None)) for e in alone]
+
+
 def test_what_sounds_like_the_playback(reply):
     """echo.similarity: the playback, late and through a room, scores high; pink noise (a fan),
     or a near-silent stretch of the playback, scores low - a noisy microphone is not taken for
