@@ -82,6 +82,11 @@ DEFAULTS = {
     # TTS model (about 150 MB more): the kernel gives the cores to real work at once, so a user
     # who stops speaking never waits for a reply that may never be used (Linux only).
     "COMPUTE_BACKGROUND": True,
+    # Later phrases of two replies are synthesized side by side, one core each, on a third copy
+    # of the TTS model (190 MB more for int8-gemm), when both clients hold audio enough for that
+    # or have run out: two cores then speak more a second than one synthesis at a time on both
+    # (BENCHMARKS.md 5i, 5j). A reply's first phrase always has both cores.
+    "COMPUTE_SIDE_BY_SIDE": True,
     # A connect that finds every unit busy but some draining waits this long for one (seconds).
     "CLAIM_WAIT_SECONDS": 3.0,
     # Close a session that sends nothing for this many seconds (None: never).

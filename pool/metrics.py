@@ -31,6 +31,9 @@ OVERLAPS = Counter("s2s_overlaps", "Sound heard over the assistant's speech, by 
 SPECULATIVE_REPLIES = Counter("s2s_speculative_replies", "Replies started at the first pause of a turn, before "
                               "its commit: used (the turn ended there, with those words) or discarded.",
                               ["process", "outcome"])
+COMPUTE_CALLS = Counter("s2s_compute_calls", "Model calls of the shared compute queue, by how they ran: alone, "
+                        "in a batch, side_by_side (two at once, one core each) or in the background lane.",
+                        ["process", "how"])
 STAGE_SECONDS = Histogram("s2s_stage_seconds", "Compute time of a stage in one turn.", ["process", "stage"],
                           buckets=BUCKETS)
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from pool import metrics
 from pool.backends.base import PER_THREAD_PRIORITY
 from pool.pipeline import messages as m
 from pool.pipeline.compute import WHENEVER, ComputeQueue
@@ -311,6 +312,197 @@ def test_units_share_one_queue_and_a_waiting_users_first_phrase_goes_before_a_la
     gate.release()
     assert wait_for(lambda: len(events) == 3)
     assert gate.ran == ["A's first phrase", "B's first phrase", "C's second phrase"]
+
+
+class Beside:
+    """A model with a one-thread copy (``pair``): records which runtime ran each call and how
+    many ran at once, each blocking until released."""
+
+    def __init__(self):
+        self.ran, self.at_once, self.running = [], 0, 0
+        self._lock, self._open = threading.Lock(), threading.Event()
+
+    def _run(self, runtime, name):
+        with self._lock:
+            self.ran.append((runtime, name))
+            self.running += 1
+            self.at_once = max(self.at_once, self.running)
+        self._open.wait(10)
+        with self._lock:
+            self.running -= 1
+        return name
+
+    def alone(self, name):
+        return self._run("both cores", name)
+
+    def pair(self, name):
+        return self._run("one core", name)
+
+    def release(self):
+        self._open.set()
+
+
+def beside_backends(model):
+    """Scripted backends whose TTS runs on ``model.alone`` and its one-thread copy on ``model.pair``
+    (one second of silence for any text)."""
+    from pool.backends.scripted import load_scripted
+    from pool.conf import get_config
+
+    class TTS:
+        voices = languages = frozenset()
+
+        def __init__(self, runtime):
+            self.runtime = runtime
+
+        def synthesize(self, text, voice, speed=1.0):
+            self.runtime(text)
+            return np.zeros(24_000, np.float32)
+
+    backends = load_scripted(get_config())
+    return type(backends)(**{**backends.__dict__, "tts": TTS(model.alone), "tts_pair": TTS(model.pair)})
+
+
+def submit_beside(queue, model, deadline, name, expected_seconds=0.5):
+    return queue.submit(deadline, model.alone, name, pair=model.pair, expected_seconds=expected_seconds)
+
+
+def side_by_side_calls():
+    return metrics.COMPUTE_CALLS.labels(metrics.PROCESS, "side_by_side")._value.get()
+
+
+def test_two_later_phrases_whose_clients_hold_seconds_of_audio_run_side_by_side_on_one_core_each():
+    counted = side_by_side_calls()
+    queue, gate, first = busy_queue()
+    model, now = Beside(), time.perf_counter()
+    a = submit_beside(queue, model, now + 4.0, "A's third sentence")
+    b = submit_beside(queue, model, now + 5.0, "B's second sentence")
+    gate.release()
+    assert wait_for(lambda: model.running == 2)  # both started before either ended
+    model.release()
+    assert [a.result(5), b.result(5)] == ["A's third sentence", "B's second sentence"]
+    assert sorted(model.ran) == [("one core", "A's third sentence"), ("one core", "B's second sentence")]
+    assert a.paired and b.paired and not a.background
+    assert side_by_side_calls() == counted + 2  # s2s_compute_calls_total{how="side_by_side"}
+
+
+def test_later_phrases_whose_clients_ran_out_of_audio_run_side_by_side():
+    """Both already late (more replies play than the cores synthesize alone): two at a time
+    clear the backlog sooner."""
+    queue, gate, first = busy_queue()
+    model, now = Beside(), time.perf_counter()
+    late = [submit_beside(queue, model, now - ago, f"late by {ago} s") for ago in (2.0, 0.5)]
+    gate.release()
+    assert wait_for(lambda: model.running == 2)
+    model.release()
+    assert [f.result(5) for f in late] and all(f.paired for f in late)
+
+
+def test_a_call_in_time_alone_but_late_beside_another_runs_alone_on_both_cores():
+    """The earliest call, or the next, due within PAIR_SLOWDOWN x its expected compute plus the
+    margin: beside another it would miss its deadline, so each runs alone, in order."""
+    for deadlines in ((0.9, 5.0), (5.0, 0.9), (-1.0, 0.9)):
+        queue, gate, first = busy_queue()
+        model, now = Beside(), time.perf_counter()
+        model.release()  # each call returns at once: only which runtime ran it, and how, is seen
+        futures = [submit_beside(queue, model, now + due, f"due in {due} s") for due in deadlines]
+        gate.release()
+        assert [f.result(5) for f in futures]
+        assert model.at_once == 1 and not any(f.paired for f in futures)
+        assert model.ran == [("both cores", f"due in {due} s") for due in sorted(deadlines)]
+
+
+def test_a_call_without_a_pair_runs_alone_and_keeps_its_place():
+    """A waiting user's first phrase (the TTS stage gives it no ``pair``) runs on both cores
+    first; the later phrases after it."""
+    queue, gate, first = busy_queue()
+    model, now = Beside(), time.perf_counter()
+    model.release()
+    later = submit_beside(queue, model, now + 6.0, "a later phrase")
+    waiting = queue.submit(now, model.alone, "a waiting user's first phrase")
+    gate.release()
+    assert waiting.result(5) and later.result(5)
+    assert model.ran == [("both cores", "a waiting user's first phrase"), ("both cores", "a later phrase")]
+
+
+def test_a_later_phrase_is_not_paired_with_a_call_that_cannot_run_beside_it():
+    """The next call in deadline order (an LLM step) has no one-thread copy: the phrase runs alone
+    and the LLM step after it, in deadline order; no later call jumps ahead to make a pair."""
+    queue, gate, first = busy_queue()
+    model, now = Beside(), time.perf_counter()
+    model.release()
+    phrase = submit_beside(queue, model, now + 4.0, "a later phrase")
+    step = queue.submit(now + 4.5, gate, "another reply's LLM step")
+    other = submit_beside(queue, model, now + 5.0, "another later phrase")
+    gate.release()
+    assert phrase.result(5) and step.result(5) and other.result(5)
+    assert gate.ran == ["running", "another reply's LLM step"]
+    assert model.ran == [("both cores", "a later phrase"), ("both cores", "another later phrase")]
+    assert not phrase.paired and not other.paired
+
+
+def test_a_paired_call_cancelled_while_it_waits_leaves_its_mate_to_run_alone():
+    queue, gate, first = busy_queue()
+    model, now = Beside(), time.perf_counter()
+    model.release()
+    kept = submit_beside(queue, model, now + 4.0, "kept")
+    dropped = submit_beside(queue, model, now + 5.0, "dropped")
+    assert dropped.cancel()
+    gate.release()
+    assert kept.result(5) == "kept"
+    assert model.ran == [("both cores", "kept")]
+
+
+def test_units_later_phrases_run_side_by_side_and_the_pace_learns_only_from_runs_alone():
+    """Two units' TTS stages on a model with a one-thread copy (``Backends.tts_pair``), each
+    client holding 5 s of audio: their next phrases are synthesized at once on the copy, and the
+    shared SpeechPace does not take a run that shared the cores for the model's speed."""
+    from realtime.audio import OutputAudioEncoder
+
+    model = Beside()
+    shared = beside_backends(model)
+    unit_a, unit_b = TTSStage(shared), TTSStage(shared)
+    queue, gate = unit_a._queue, Gate()
+    running = queue.submit(0.0, gate, "a first phrase")
+    assert gate.started.wait(5)
+    pace = unit_a._pace
+    factor = pace.real_time_factor
+    events = []
+    for stage, name in ((unit_a, "A's next phrase"), (unit_b, "B's next phrase")):
+        job = m.ResponseJob("resp", None, "audio", "alloy", 1.0, OutputAudioEncoder({"type": "audio/pcm", "rate": 24000}))
+        job.marks.speech_stopped = time.perf_counter() - 6
+        job.audio_sent(5.0)
+        threading.Thread(target=stage._speak, args=(m.SessionContext(events.append), job, name), daemon=True).start()
+    assert wait_for(lambda: queue.pending() == 2)
+    gate.release()
+    assert running.result(5)
+    assert wait_for(lambda: model.running == 2)
+    model.release()
+    assert wait_for(lambda: len(events) == 2)
+    assert sorted(model.ran) == [("one core", "A's next phrase"), ("one core", "B's next phrase")]
+    assert pace.real_time_factor == factor
+
+
+def test_a_first_phrase_is_never_synthesized_beside_another():
+    """Two units' first phrases (their users wait in silence), both late already: each has both
+    cores, one after the other."""
+    from realtime.audio import OutputAudioEncoder
+
+    model = Beside()
+    model.release()
+    shared = beside_backends(model)
+    stages = TTSStage(shared), TTSStage(shared)
+    queue, gate = stages[0]._queue, Gate()
+    running = queue.submit(0.0, gate, "a transcription")
+    assert gate.started.wait(5)
+    events = []
+    for stage, name in zip(stages, ("A's first phrase", "B's first phrase"), strict=True):
+        job = m.ResponseJob("resp", None, "audio", "alloy", 1.0, OutputAudioEncoder({"type": "audio/pcm", "rate": 24000}))
+        job.marks.speech_stopped = time.perf_counter() - 2
+        threading.Thread(target=stage._speak, args=(m.SessionContext(events.append), job, name), daemon=True).start()
+    assert wait_for(lambda: queue.pending() == 2)
+    gate.release()
+    assert running.result(5) and wait_for(lambda: len(events) == 2)
+    assert model.at_once == 1 and sorted(model.ran) == [("both cores", "A's first phrase"), ("both cores", "B's first phrase")]
 
 
 def test_the_workers_of_a_queue_no_one_holds_end():

@@ -162,6 +162,7 @@ def load_default(config):
         llm=load("LLM_MODEL", chosen_llm(cache) or paths["llm"], lambda path: load_llm(config, path)),
         tts=tts,
         tts_background=tts.at_lowest_priority() if config["COMPUTE_BACKGROUND"] and PER_THREAD_PRIORITY else None,
+        tts_pair=tts.on_one_thread() if config["COMPUTE_SIDE_BY_SIDE"] else None,
         turn=load("TURN_MODEL", paths["turn"], SmartTurn),
         denoise=load_denoiser(),
         echo=load_echo_canceller(),
@@ -202,8 +203,9 @@ def warm_up(backends, config):
     started = time.perf_counter()
     voice = backends.tts.resolve_voice(config["DEFAULT_VOICE"])
     speech = backends.tts.synthesize(WARM_UP_TEXT, voice)
-    if backends.tts_background is not None:
-        backends.tts_background.synthesize(WARM_UP_TEXT, voice)
+    for copy in (backends.tts_background, backends.tts_pair):
+        if copy is not None:
+            copy.synthesize(WARM_UP_TEXT, voice)
     heard = soxr.resample(speech, TTS_RATE, SPEECH_RATE).astype(np.float32)
     stream = backends.vad.new_stream()
     for start in range(0, len(heard) - VAD_WINDOW_SAMPLES + 1, VAD_WINDOW_SAMPLES):

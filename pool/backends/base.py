@@ -220,6 +220,10 @@ class Backends:
     # replies' phrases with it, and the kernel preempts it for real work (pool.pipeline.compute).
     # Its ``runtime_threads``: the native ids of those threads. None: no background lane.
     tts_background: TTS | None = None
+    # The TTS model again, in a runtime of one thread (``KokoroTTS.on_one_thread``): the compute
+    # queue runs two later phrases side by side on it, one core each (pool.pipeline.compute).
+    # None: one synthesis at a time.
+    tts_pair: TTS | None = None
     # Seconds of speech the TTS synthesized per second of compute, one stream alone, as
     # prepare_models timed it on this CPU (``cache.tts_speed``); None: not timed (a TTS of one's own).
     tts_speed: float | None = None

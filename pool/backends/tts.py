@@ -42,6 +42,13 @@ class KokoroTTS:
         copy.runtime_threads = threads
         return copy
 
+    def on_one_thread(self):
+        """The same model in a second onnxruntime session of one intra-op thread, for the compute
+        queue's runs side by side (``pool.pipeline.compute``): each concurrent ``run`` of such a
+        session computes on its caller's thread alone. Costs the model's memory once more
+        (int8: ~150 MB resident)."""
+        return type(self)(*self._paths[:2], threads=1)
+
     def resolve_voice(self, name):
         return resolve_voice(name, self.voices)
 

@@ -36,6 +36,18 @@ runs at normal priority (its worker and its runtime's threads, ``background_thre
 lowest, any busy normal thread (a peek, another process on the box) would take the cores from a
 reply a user waits for (BENCHMARKS.md, section 5d). Raising a priority needs CAP_SYS_NICE;
 without it an adopted run stays at the lowest. Linux only (per-thread nice values).
+
+**Two later phrases run side by side** (``pair`` of ``submit``: the same model in a runtime of
+one thread, Kokoro's ``Backends.tts_pair``). Two Kokoro runs of one thread each synthesize
+more speech a second on two cores than one run of two threads after the other (12-27 % on a
+Zen 4, BENCHMARKS.md 5i; 18 % for four replies' backlog on a Xeon, 5j), but each takes longer
+than it would alone, so only calls that have a
+``pair`` run so: the TTS stage gives one to a reply's later phrases, never to the first phrase a
+user waits for in silence. A worker takes two such calls at once when they are the earliest due
+and the next in deadline order, and neither would be in time alone and late beside the other:
+each is due later than twice its expected compute alone (``expected_seconds``, PAIR_SLOWDOWN)
+by PAIR_MARGIN_SECONDS (its client holds seconds of audio), or is due already (its client ran
+out: when more replies play than two cores synthesize, the backlog clears sooner two at a time).
 """
 
 import itertools
@@ -48,6 +60,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
+from pool import metrics
 from pool.backends.base import LOWEST_PRIORITY_NICE, PER_THREAD_PRIORITY, lower_thread_priority, set_threads_priority
 from pool.conf import get_config
 
@@ -57,6 +70,8 @@ WHENEVER = math.inf  # the deadline of speculative work: due never, run when not
 IDLE_SECONDS = 5.0  # how often an idle worker looks whether its queue still exists (or is surplus)
 RECHECK_SECONDS = 0.02  # a worker with work waiting that it may not take yet looks again this often
 MAX_BATCH = 8  # calls run as one batch at most (a pool's turns that end together)
+PAIR_SLOWDOWN = 2.0  # a run on one core of two takes at most twice its time on both
+PAIR_MARGIN_SECONDS = 0.25  # slack kept beyond that before two calls run side by side
 
 
 @dataclass(eq=False)
@@ -68,9 +83,19 @@ class _Call:
     kwargs: dict
     background: object = None  # what runs instead of fn in the background lane (None: fn)
     batch: object = None  # runs this call with others of the same batch (None: alone)
+    pair: object = None  # what runs instead of fn beside another call (None: never beside one)
+    expected: float = 0.0  # seconds of compute the call takes alone, as its caller expects
 
     def rank(self):
         return (self.deadline() if callable(self.deadline) else self.deadline), self.order
+
+    def may_run_beside(self, now):
+        """Whether this call may run side by side with another: it has a ``pair``, and it would
+        be done in time beside one, or is late already (the module's docstring)."""
+        if self.pair is None:
+            return False
+        due = self.rank()[0]
+        return due <= now or due - now >= PAIR_SLOWDOWN * self.expected + PAIR_MARGIN_SECONDS
 
 
 class ComputeQueue:
@@ -88,7 +113,8 @@ class ComputeQueue:
     The future's ``compute_seconds`` is the call's own run time, without its wait in the queue
     (a batch's: the whole batch's; ``batched``: how many calls it ran with itself included);
     its ``background`` says whether it ran in the background lane, where that time includes
-    whatever the foreground took from it (not a measure of the model's speed).
+    whatever the foreground took from it, and ``paired`` whether it ran side by side with
+    another call on one thread (neither is a measure of the model's speed alone).
     Wait for it with ``result(future)``: a call that has run STUCK_SECONDS (a wedged model) no
     longer counts against ``workers``, so the other units' calls get a worker of their own and
     the stuck unit alone waits (to be quarantined by its drain); surplus workers end when idle.
@@ -113,7 +139,7 @@ class ComputeQueue:
         self._order = itertools.count()
         self._ready = threading.Condition()
 
-    def submit(self, deadline, fn, *args, background=None, batch=None, **kwargs):
+    def submit(self, deadline, fn, *args, background=None, batch=None, pair=None, expected_seconds=0.0, **kwargs):
         """Queue ``fn(*args, **kwargs)``, due at ``deadline``: ``time.perf_counter()`` seconds,
         ``WHENEVER`` for speculative work, or a callable returning either, asked each time a
         worker picks its next call (a speculative reply the session adopts moves up at once).
@@ -121,12 +147,18 @@ class ComputeQueue:
         arguments (the same model in a low-priority runtime); None: ``fn``. ``batch``: a
         callable that runs several such calls as one, ``batch([args, ...])`` -> their results in
         order (positional ``args`` only, no ``kwargs``): a worker that takes this call takes the
-        other waiting calls of an equal ``batch`` too. Returns its Future."""
+        other waiting calls of an equal ``batch`` too. ``pair``: what runs instead of ``fn``, with
+        the same arguments, when this call runs side by side with another (the module's
+        docstring); ``expected_seconds``: its compute alone, as the caller expects it. Returns its
+        Future."""
         if batch is not None and kwargs:
             raise ValueError("a call that may be batched takes positional arguments only")
+        if batch is not None and pair is not None:
+            raise ValueError("a call runs in a batch or side by side, not both")
         future = Future()
         with self._ready:
-            self._waiting[future] = _Call(deadline, next(self._order), fn, args, kwargs, background, batch)
+            self._waiting[future] = _Call(deadline, next(self._order), fn, args, kwargs, background, batch, pair,
+                                          expected_seconds)
             self._start_workers()
             self._ready.notify_all()
         future.add_done_callback(self._forget)
@@ -217,10 +249,24 @@ class ComputeQueue:
             self._yielding_since = None
         return first[0]
 
+    def _mate(self, call):  # under self._ready
+        """The waiting call to run side by side with ``call`` (just taken, the earliest due of
+        the foreground), or None: the next in deadline order, when both may run beside another."""
+        now = time.perf_counter()
+        if not call.may_run_beside(now):
+            return None
+        waiting = [(other.rank(), future) for future, other in self._waiting.items()
+                   if not (self._background and _speculative(other))]
+        if not waiting:
+            return None
+        future = min(waiting, key=lambda item: item[0])[1]
+        return future if self._waiting[future].may_run_beside(now) else None
+
     def _next(self, background):
-        """The next ``[(future, call), ...]`` of this worker's lane (several: a batch, the
-        earliest due first); None when none came for IDLE_SECONDS; False when this worker is
-        surplus (started beside a stuck one) and idle: it ends."""
+        """The next ``[(future, call), ...]`` of this worker's lane (several: a batch, or two calls
+        side by side, the earliest due first) and whether they run side by side; None when none
+        came for IDLE_SECONDS; False when this worker is surplus (started beside a stuck one)
+        and idle: it ends."""
         me = threading.current_thread()
         with self._ready:
             self._busy.pop(me, None)
@@ -242,16 +288,18 @@ class ComputeQueue:
                                  if self._waiting or self._background_call is not None else remaining)
                 self._prioritize_background()
             call = self._waiting.pop(future)
-            work = [(future, call)]
+            work, paired = [(future, call)], False
             if call.batch is not None and not background:
                 mates = sorted((waiting.rank(), other) for other, waiting in self._waiting.items()
                                if waiting.batch == call.batch)
                 work += [(other, self._waiting.pop(other)) for _, other in mates[:MAX_BATCH - 1]]
+            elif not background and (mate := self._mate(call)) is not None:
+                work, paired = [*work, (mate, self._waiting.pop(mate))], True
             self._busy[me] = time.perf_counter()
             if background:
                 self._background_call, self._yielding_since = call, None
             self._prioritize_background()
-            return work
+            return work, paired
 
 
 def _speculative(call):
@@ -265,26 +313,45 @@ def _work(queue_ref, background):
     if background:
         lower_thread_priority()
     while (queue := queue_ref()) is not None:
-        work = queue._next(background)
+        taken = queue._next(background)
         del queue
-        if work is False:
+        if taken is False:
             return
-        if work is None:
+        if taken is None:
             continue
+        work, paired = taken
         work = [(future, call) for future, call in work if future.set_running_or_notify_cancel()]
-        if work:
+        if paired and len(work) == 2:
+            _run_side_by_side(work)
+            how = "side_by_side"
+        elif work:
             _run(work, background)
-        del work
+            how = "background" if background else "batch" if len(work) > 1 else "alone"
+        if work:
+            metrics.COMPUTE_CALLS.labels(metrics.PROCESS, how).inc(len(work))
+        del work, taken
 
 
-def _run(work, background):
+def _run_side_by_side(work):
+    """Run two calls taken together, each on its own thread with its ``pair`` runtime, and
+    settle each future when its own run ends; returns when both have."""
+    mate = threading.Thread(target=_run, args=(work[1:], False, True), daemon=True,
+                            name=f"{threading.current_thread().name}-beside")
+    mate.start()
+    _run(work[:1], False, True)
+    mate.join()
+
+
+def _run(work, background, paired=False):
     """Run ``[(future, call), ...]`` (taken by one worker, running) and settle each future: one
-    call as itself, several as their batch."""
+    call as itself (``paired``: with its ``pair`` runtime, beside another), several as their
+    batch."""
     future, call = work[0]
     started = time.perf_counter()
     try:
         if len(work) == 1:
-            results = [((call.background or call.fn) if background else call.fn)(*call.args, **call.kwargs)]
+            fn = call.pair if paired else (call.background or call.fn) if background else call.fn
+            results = [fn(*call.args, **call.kwargs)]
         else:
             results = call.batch([c.args for _, c in work])
             if len(results) != len(work):
@@ -296,6 +363,7 @@ def _run(work, background):
     seconds = time.perf_counter() - started
     for (future, _), (ok, outcome) in zip(work, outcomes, strict=True):
         future.compute_seconds, future.background, future.batched = seconds, background, len(work)
+        future.paired = paired
         if ok:
             future.set_result(outcome)
         else:

@@ -48,6 +48,10 @@ class SpeechPace:
             self.real_time_factor += SMOOTHING * (compute_seconds / audio_seconds - self.real_time_factor)
             self.seconds_per_word += SMOOTHING * (audio_seconds / words - self.seconds_per_word)
 
+    def compute_seconds(self, text):
+        """The compute, in seconds, that synthesizing ``text`` is expected to take."""
+        return self.real_time_factor * self.seconds_per_word * len(_WORD.findall(text))
+
     def can_wait(self, lead_seconds):
         """Whether the next piece may start later and still be ready before the client's
         ``lead_seconds`` of audio run out: the lead is longer than the shortest piece

@@ -37,26 +37,34 @@ class TTSStage(Stage):
     def __init__(self, backends):
         self._tts = backends.tts
         self._tts_background = backends.tts_background  # the background lane's (pool.pipeline.compute)
+        self._tts_pair = backends.tts_pair  # on one thread, beside another synthesis (the same)
         self._pace = pace_of(backends.tts)
         self._queue = queue_of(backends)
 
     def _synthesize(self, ctx, job, text):
-        """``(float32 @ 24 kHz, compute seconds, whether it ran in the background lane)``, or
-        None when the response was cancelled or the session closed: then the synthesis leaves
-        the queue, or, already running, is stopped (a TTS that ``stops``) or runs on unheard."""
+        """``(float32 @ 24 kHz, compute seconds, whether that time measures the model alone)``,
+        or None when the response was cancelled or the session closed: then the synthesis leaves
+        the queue, or, already running, is stopped (a TTS that ``stops``) or runs on unheard.
+        Not alone: it ran in the background lane or side by side with another synthesis."""
         background = self._tts_background.synthesize if self._tts_background is not None else None
+        # A later phrase may run beside another reply's on one core; a first phrase, which a user
+        # waits for in silence, has both cores.
+        later = job.held_seconds() is not None
+        pair = self._tts_pair.synthesize if self._tts_pair is not None and later else None
         stop = {"stop": RunStop()} if getattr(self._tts, "stops", False) else {}
         future = self._queue.submit(job.due, self._tts.synthesize, text, job.voice, job.speed, background=background,
-                                    **stop)
+                                    pair=pair, expected_seconds=self._pace.compute_seconds(text), **stop)
         while True:
             try:
-                return future.result(timeout=self.CANCEL_POLL_SECONDS), future.compute_seconds, future.background
+                samples = future.result(timeout=self.CANCEL_POLL_SECONDS)
             except FutureTimeout:
                 if job.cancelled.is_set() or ctx.closed:
                     if not future.cancel() and stop:
                         stop["stop"].request()  # the cores go to the next call at once
                     return None
                 self._queue.nudge()
+            else:
+                return samples, future.compute_seconds, not (future.background or future.paired)
 
     def handle(self, ctx, msg):
         job = msg.job
@@ -95,8 +103,8 @@ class TTSStage(Stage):
         synthesized = self._synthesize(ctx, job, text.strip())
         if synthesized is None:
             return False
-        samples, seconds, background = synthesized
-        if not background:  # there the foreground's preemptions count too: the pace would learn them
+        samples, seconds, alone = synthesized
+        if alone:  # else another run's share of the cores counts too: the pace would learn it
             self._pace.observe(len(text.split()), len(samples) / TTS_RATE, seconds)
         if job.marks.reach("tts_first_audio"):
             job.marks.tts_first_compute_s = seconds
