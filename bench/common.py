@@ -17,6 +17,7 @@ from pool.pipeline.timings import FIELDS
 from pool.testing import LiveServer, free_port
 from tests.helpers import AUDIO_DIR
 
+TOKEN = "bench-status-token"  # the servers' STATUS_TOKEN: /metrics and /v1/pool for the benchmark
 RECORDINGS = {"jfk": AUDIO_DIR / "jfk.flac", "hotwords": AUDIO_DIR / "hotwords.mp3",
               "stereo": AUDIO_DIR / "stereo_diarization.wav"}
 
@@ -30,6 +31,23 @@ def start_server(pool_size=1, settings=None, backend=None, project_dir=None):
         env["S2S_BACKEND"] = backend
     return LiveServer(Path(tempfile.mkdtemp(prefix="s2s-bench-")), pool_size=pool_size, env=env,
                       project_dir=project_dir)
+
+
+def counters(server, sample, label):
+    """``{label value: count}`` of the Prometheus counter ``sample`` (its ``_total`` sample name)
+    on ``server``'s ``GET /metrics`` (a server started with ``STATUS_TOKEN``: TOKEN); empty
+    when it has none (an older checkout)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    request = urllib.request.Request(f"{server.http_url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        text = reply.read().decode()
+    counts = {}
+    for family in text_string_to_metric_families(text):
+        for found in family.samples:
+            if found.name == sample:
+                counts[found.labels[label]] = counts.get(found.labels[label], 0) + int(found.value)
+    return counts
 
 
 # llama.cpp's own server as a process of its own, as an operator would run it (`llama-server`).

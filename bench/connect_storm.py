@@ -12,9 +12,7 @@ import urllib.request
 
 import websockets
 
-from .common import emit, start_server, stats
-
-TOKEN = "bench-status-token"
+from .common import TOKEN, emit, start_server, stats
 
 
 async def one_client(url, results, hold):

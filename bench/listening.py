@@ -23,8 +23,8 @@ from pool.pipeline.stages.vad import MIN_SPEECH_MS
 from realtime.client import CHUNK_MS, load_audio, pcm16_chunks
 from realtime.session_config import SERVER_VAD_DEFAULTS
 
-from .common import RECORDINGS, emit, start_server, stats
-from .connect_storm import TOKEN, pool_status
+from .common import RECORDINGS, TOKEN, emit, start_server, stats
+from .connect_storm import pool_status
 
 PAUSE_S = 8.0  # silence after each utterance
 # speech_started comes this long after its audio_start_ms was sent on an idle server: the default

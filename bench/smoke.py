@@ -24,11 +24,11 @@ from . import (
     turn_latency,
     webrtc,
 )
-from .common import RECORDINGS, emit, rss_mb, start_server
+from .common import RECORDINGS, TOKEN, emit, rss_mb, start_server
 
 
 def main():
-    server = start_server(2, {"STATUS_TOKEN": connect_storm.TOKEN})
+    server = start_server(2, {"STATUS_TOKEN": TOKEN})
     try:
         rows, answered = turn_latency.measure(server, {"hotwords": RECORDINGS["hotwords"]}, 1)
         result = {
@@ -49,7 +49,8 @@ def main():
     paths = default_paths(DEFAULTS["MODEL_CACHE_DIR"])
     result["stages"] = {"stt": stages.stt_rows(paths, 1), "llm": stages.llm_rows(paths, 1, [], True),
                         "tts": stages.tts_rows(paths, 1), "stt_batch": stages.stt_batch_rows(paths, 1),
-                        "peek_beside": stages.peek_beside_rows(paths, 1, peeks_per_round=2)}
+                        "peek_beside": stages.peek_beside_rows(paths, 1, peeks_per_round=2),
+                        "tts_backlog": stages.tts_backlog_rows(paths, 1, units=2)}
     result["first_turn"] = first_turn.run(1)
     result["faults"] = asyncio.run(faults.run(["malformed_frames", "bad_http"], 1, 1.0))
     result["noise"] = noise.run(1.0)

@@ -26,10 +26,15 @@
 - peek-beside: a peek (Whisper tiny.en's ``hear`` on 0.6 s of jfk.flac) alone and beside a
   story's syntheses (Kokoro, the variant served, one phrase after another as at a reply's
   start), the story at the process's own priority and ``STORY_NICE_STEP`` below it, round by
-  round; and a synthesis alone at each (BENCHMARKS.md 14n).
+  round; and a synthesis alone at each (BENCHMARKS.md 14n);
+- tts-backlog: four replies' later phrases through the compute queue (``ComputeQueue``, the
+  server's) when every client has run out of audio (an overloaded pool: each piece due already),
+  one synthesis at a time on both cores against two at once on one core each
+  (``COMPUTE_SIDE_BY_SIDE``), round by round: seconds of speech per second, and the calls that
+  ran side by side (BENCHMARKS.md 5j).
 
     python -m bench.stages [--repeats 5] [--gguf PATH ...] [--skip-transformers]
-                           [--stages stt,llm,tts,stt-multilingual,stt-tail,stt-batch,tts-priority,peek-beside]
+                           [--stages stt,llm,tts,stt-multilingual,stt-tail,stt-batch,tts-priority,peek-beside,tts-backlog]
 
 Medians of ``--repeats`` runs after one warm-up. Nothing else runs: these are the models' own
 costs on this machine, to set beside the server's (bench.turn_latency).
@@ -402,6 +407,55 @@ def peek_beside_rows(paths, repeats, peeks_per_round=10):
             for way, times in peeks.items()]
 
 
+# Pieces of about 9 words, as a sentence is cut while other work waits (pool.pipeline.pacing's
+# CONTENDED_PIECE_SECONDS on a CPU where Kokoro runs at ~0.35x real time).
+BACKLOG_PIECES = ("The rainforest holds more kinds of life than anywhere else,",
+                  "and most of them live high in the canopy above.",
+                  "Frogs, birds and insects spend their whole lives up there,",
+                  "while the forest floor stays dark and quiet all day.",
+                  "Rivers carry the rain away to the sea each season,",
+                  "and the trees breathe much of it back into the sky.")
+
+
+def tts_backlog_rows(paths, repeats, units=4):
+    """``units`` threads, each a reply speaking BACKLOG_PIECES in order through one ComputeQueue,
+    every piece due already (its client has no audio left): one synthesis at a time against two
+    at once on one core each, alternating ``repeats`` times. Per way: seconds of speech
+    synthesized per wall second (median), and how many calls ran side by side."""
+    import threading
+
+    from pool.pipeline.compute import ComputeQueue
+
+    path, variant = served_tts_path(paths)
+    tts = KokoroTTS(path, paths["tts_voices"], DEFAULTS["THREADS"]["tts"])
+    pair = tts.on_one_thread()
+    for model in (tts, pair):
+        model.synthesize(BACKLOG_PIECES[0], "af_heart")
+    speeds, paired = {"one_at_a_time": [], "side_by_side": []}, {"one_at_a_time": 0, "side_by_side": 0}
+    for _ in range(repeats):
+        for way in speeds:
+            queue, spoken = ComputeQueue(f"backlog-{way}"), []
+
+            def reply(queue=queue, spoken=spoken, way=way):
+                for text in BACKLOG_PIECES:
+                    future = queue.submit(0.0, tts.synthesize, text, "af_heart", expected_seconds=1.0,
+                                          pair=pair.synthesize if way == "side_by_side" else None)
+                    spoken.append((len(future.result()) / 24_000, future.paired))
+
+            started = time.perf_counter()
+            threads = [threading.Thread(target=reply) for _ in range(units)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            speeds[way].append(sum(seconds for seconds, _ in spoken) / (time.perf_counter() - started))
+            paired[way] += sum(was for _, was in spoken)
+    return [{"variant": variant, "way": way, "replies": units, "pieces": units * len(BACKLOG_PIECES) * repeats,
+             "side_by_side_calls": paired[way],
+             "speech_s_per_s": round(statistics.median(values), 2),
+             "each_round": [round(v, 2) for v in values]} for way, values in speeds.items()]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
@@ -429,6 +483,8 @@ def main(argv=None):
         result["tts_priority"] = priority_rows(paths, args.repeats)
     if "peek-beside" in stages:
         result["peek_beside"] = peek_beside_rows(paths, args.repeats)
+    if "tts-backlog" in stages:
+        result["tts_backlog"] = tts_backlog_rows(paths, args.repeats)
     emit("stages", result)
 
 

@@ -3,15 +3,18 @@ same recording at the same moment, so that every reply is asked for at once. Fir
 end of speech (p50/p95, and p50 as a multiple of the single conversation's in the same run), and
 playback stalls: the silence a listener hears mid-reply, playing the audio in real time.
 
-    python -m bench.throughput [--pools 1,2,4,8] [--rounds 2] [--stagger 0] [--compare | --compare-background]
-                               [--project-dir CHECKOUT]
+    python -m bench.throughput [--pools 1,2,4,8] [--rounds 2] [--stagger 0]
+                               [--compare | --compare-background | --compare-side-by-side] [--project-dir CHECKOUT]
 
 ``--compare`` runs each pool twice in one run: with ``COMPUTE_RUNS_AT_ONCE`` = 3 x the pool size
 (every unit's Whisper, llama.cpp and Kokoro runs at once, the cores shared by the OS: the
 behaviour before the deadline-first queue) and with the default (one run at a time, earliest
 deadline first). ``--compare-background`` runs each pool without the compute queue's background
 lane (``COMPUTE_BACKGROUND`` off: work due later and speculative work wait in the one lane) and
-with it (the default). ``--stagger S`` starts client i of a pool S x i seconds after the first:
+with it (the default); ``--compare-side-by-side`` with one synthesis at a time
+(``COMPUTE_SIDE_BY_SIDE`` off) and with later phrases two at once (the default). Each pool's row
+counts the model calls by how they ran (``compute_calls``: alone, batch, side_by_side,
+background; from the server's ``/metrics``). ``--stagger S`` starts client i of a pool S x i seconds after the first:
 people who do not all stop speaking at the same moment, so that a turn ends while other replies
 are being spoken (and their later phrases synthesized). ``--project-dir`` serves another checkout
 (a "before" of a change, run alternately with the change in one session).
@@ -22,7 +25,7 @@ import asyncio
 import collections
 import json
 
-from .common import RECORDINGS, emit, start_server, stats
+from .common import RECORDINGS, TOKEN, counters, emit, start_server, stats
 from .driver import converse, turns
 
 SESSION = {"audio": {"input": {"turn_detection": {"interrupt_response": False}}}}
@@ -69,7 +72,8 @@ def run(server, pool, rounds, stagger=0.0):
     stalls = [r["playback_stall"] for r in rows]
     return {"pool_size": pool, "turns": len(rows), "replies": dict(replies), "first_audio_ms": stats([r["first_audio"] for r in rows]),
             "transcript_ms": stats([r["transcript"] for r in rows]), "playback_stall_ms": stats(stalls),
-            f"replies_with_stall_over_{STALL_MS}_ms": sum(s > STALL_MS for s in stalls)}
+            f"replies_with_stall_over_{STALL_MS}_ms": sum(s > STALL_MS for s in stalls),
+            "compute_calls": counters(server, "s2s_compute_calls_total", "how")}
 
 
 def main(argv=None):
@@ -82,6 +86,8 @@ def main(argv=None):
                         help="seconds between the clients' starts (0: all at the same moment)")
     parser.add_argument("--compare-background", action="store_true",
                         help="each pool also without the background lane (COMPUTE_BACKGROUND off)")
+    parser.add_argument("--compare-side-by-side", action="store_true",
+                        help="each pool also with one synthesis at a time (COMPUTE_SIDE_BY_SIDE off)")
     parser.add_argument("--settings", type=json.loads, default={},
                         help="more S2S settings for every configuration, JSON (e.g. '{\"SPECULATIVE_REPLIES\": false}')")
     parser.add_argument("--project-dir", default=None, help="serve another checkout (a \"before\" of a change)")
@@ -92,11 +98,14 @@ def main(argv=None):
         configurations = {"all_at_once": lambda pool: {"COMPUTE_RUNS_AT_ONCE": 3 * pool}, **configurations}
     if args.compare_background:
         configurations = {"one_lane": lambda pool: {"COMPUTE_BACKGROUND": False}, **configurations}
+    if args.compare_side_by_side:
+        configurations = {"one_at_a_time": lambda pool: {"COMPUTE_SIDE_BY_SIDE": False}, **configurations}
     results = {}
     for name, settings in configurations.items():
         rows = []
         for pool in pools:
-            server = start_server(pool, {**args.settings, **settings(pool)}, project_dir=args.project_dir)
+            server = start_server(pool, {"STATUS_TOKEN": TOKEN, **args.settings, **settings(pool)},
+                                  project_dir=args.project_dir)
             try:
                 rows.append(run(server, pool, args.rounds, args.stagger))
             finally:

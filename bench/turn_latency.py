@@ -19,13 +19,10 @@ away.
 import argparse
 import asyncio
 import json
-import urllib.request
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
-from .common import RECORDINGS, emit, start_server, stats, turn_timings
-from .connect_storm import TOKEN
+from .common import RECORDINGS, TOKEN, counters, emit, start_server, stats, turn_timings
 from .driver import converse, last_turn_answered, turns
 
 SILENCE_MS = 500  # server_vad's default silence_duration_ms
@@ -69,17 +66,10 @@ def measure(server, recordings, runs, turn_detection="server_vad"):
 def speculations(server):
     """The server's speculative transcripts and replies so far: {"used": n, "discarded": n,
     "replies_used": n, "replies_discarded": n} (GET /metrics)."""
-    request = urllib.request.Request(f"{server.http_url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(request, timeout=5) as reply:
-        text = reply.read().decode()
-    counts = {"used": 0, "discarded": 0, "replies_used": 0, "replies_discarded": 0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "s2s_stt_speculations_total":
-                counts[sample.labels["outcome"]] += int(sample.value)
-            elif sample.name == "s2s_speculative_replies_total":
-                counts[f"replies_{sample.labels['outcome']}"] += int(sample.value)
-    return counts
+    transcripts = counters(server, "s2s_stt_speculations_total", "outcome")
+    replies = counters(server, "s2s_speculative_replies_total", "outcome")
+    return {"used": transcripts.get("used", 0), "discarded": transcripts.get("discarded", 0),
+            "replies_used": replies.get("used", 0), "replies_discarded": replies.get("discarded", 0)}
 
 
 def summary(rows, answered, turn_detection="server_vad"):

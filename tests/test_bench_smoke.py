@@ -46,3 +46,6 @@ def test_bench_smoke_runs_every_benchmark():
     peek = {row["story"]: row for row in result["stages"]["peek_beside"]}
     assert peek[None]["peek_ms"]["n"] == peek["process"]["peek_ms"]["n"] == peek["lower"]["peek_ms"]["n"] == 2
     assert peek["lower"]["story_nice"] > peek["process"]["story_nice"] and peek["lower"]["peek_ms"]["p50"] > 0
+    backlog = {row["way"]: row for row in result["stages"]["tts_backlog"]}
+    assert backlog["one_at_a_time"]["side_by_side_calls"] == 0 and backlog["side_by_side"]["side_by_side_calls"] > 0
+    assert result["throughput"]["compute_calls"]["alone"] > 0  # the server's s2s_compute_calls_total
