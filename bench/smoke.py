@@ -50,7 +50,7 @@ def main():
     result["stages"] = {"stt": stages.stt_rows(paths, 1), "llm": stages.llm_rows(paths, 1, [], True),
                         "tts": stages.tts_rows(paths, 1), "stt_batch": stages.stt_batch_rows(paths, 1),
                         "peek_beside": stages.peek_beside_rows(paths, 1, peeks_per_round=2),
-                        "tts_backlog": stages.tts_backlog_rows(paths, 1, units=2)}
+                        "tts_backlog": stages.tts_backlog_rows(paths, 1, units=3)}
     result["first_turn"] = first_turn.run(1)
     result["faults"] = asyncio.run(faults.run(["malformed_frames", "bad_http"], 1, 1.0))
     result["noise"] = noise.run(1.0)

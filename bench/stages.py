@@ -421,7 +421,9 @@ def tts_backlog_rows(paths, repeats, units=4):
     """``units`` threads, each a reply speaking BACKLOG_PIECES in order through one ComputeQueue,
     every piece due already (its client has no audio left): one synthesis at a time against two
     at once on one core each, alternating ``repeats`` times. Per way: seconds of speech
-    synthesized per wall second (median), and how many calls ran side by side."""
+    synthesized per wall second (median), and how many calls ran side by side. Each reply asks
+    for its next piece once the last is done, as the TTS stage does, so it takes three replies or
+    more for two to wait while a third runs."""
     import threading
 
     from pool.pipeline.compute import ComputeQueue

@@ -46,7 +46,7 @@ class KokoroTTS:
         """The same model in a second onnxruntime session of one intra-op thread, for the compute
         queue's runs side by side (``pool.pipeline.compute``): each concurrent ``run`` of such a
         session computes on its caller's thread alone. Costs the model's memory once more
-        (int8: ~150 MB resident)."""
+        (190 MB resident for int8-gemm, 396 MB for fp32: BENCHMARKS.md 5j)."""
         return type(self)(*self._paths[:2], threads=1)
 
     def resolve_voice(self, name):
