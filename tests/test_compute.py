@@ -400,11 +400,12 @@ def test_later_phrases_whose_clients_ran_out_of_audio_run_side_by_side():
 def test_a_call_in_time_alone_but_late_beside_another_runs_alone_on_both_cores():
     """The earliest call, or the next, due within PAIR_SLOWDOWN x its expected compute plus the
     margin: beside another it would miss its deadline, so each runs alone, in order."""
-    for deadlines in ((0.9, 5.0), (5.0, 0.9), (-1.0, 0.9)):
+    for deadlines in ((3.0, 9.0), (9.0, 3.0), (-1.0, 3.0)):  # 3 s: within 2 x 2 s + the margin
         queue, gate, first = busy_queue()
         model, now = Beside(), time.perf_counter()
         model.release()  # each call returns at once: only which runtime ran it, and how, is seen
-        futures = [submit_beside(queue, model, now + due, f"due in {due} s") for due in deadlines]
+        futures = [submit_beside(queue, model, now + due, f"due in {due} s", expected_seconds=2.0)
+                   for due in deadlines]
         gate.release()
         assert [f.result(5) for f in futures]
         assert model.at_once == 1 and not any(f.paired for f in futures)

@@ -321,14 +321,14 @@ def _work(queue_ref, background):
             continue
         work, paired = taken
         work = [(future, call) for future, call in work if future.set_running_or_notify_cancel()]
-        if paired and len(work) == 2:
+        paired = paired and len(work) == 2
+        if work:  # counted before the futures settle: a caller that has its result sees the count
+            how = "side_by_side" if paired else "background" if background else "batch" if len(work) > 1 else "alone"
+            metrics.COMPUTE_CALLS.labels(metrics.PROCESS, how).inc(len(work))
+        if paired:
             _run_side_by_side(work)
-            how = "side_by_side"
         elif work:
             _run(work, background)
-            how = "background" if background else "batch" if len(work) > 1 else "alone"
-        if work:
-            metrics.COMPUTE_CALLS.labels(metrics.PROCESS, how).inc(len(work))
         del work, taken
 
 
